@@ -1,0 +1,3 @@
+//! llama.cpp block formats.
+
+pub use redlite_gguf::GgmlType;
