@@ -1,3 +1,19 @@
-//! llama.cpp block formats.
+//! llama.cpp block formats: `#[repr(C)]` layouts, dequantization, dot
+//! products against quantized activations, and quantization.
+//!
+//! Every format registers a [`Kernels`] entry. Each entry carries a scalar
+//! reference dot product and, where one exists, a SIMD dot product chosen at
+//! run time; tests compare the two with a per-type error budget. Setting the
+//! environment variable `REDLITE_REFERENCE=1` makes [`dot`] use the scalar
+//! reference everywhere, for A/B runs.
 
+pub mod error;
+pub mod f16util;
+pub mod iquants;
+pub mod kquants;
+pub mod legacy;
+pub mod registry;
+
+pub use error::QuantError;
 pub use redlite_gguf::GgmlType;
+pub use registry::{dequantize, dot, kernels, quantize, quantize_activations, Kernels};

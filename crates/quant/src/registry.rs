@@ -1,0 +1,96 @@
+//! The table from [`GgmlType`] to its kernels, and the checked entry points.
+
+use crate::QuantError;
+use redlite_gguf::GgmlType;
+
+/// The kernels of one block format. All slices hold whole blocks.
+pub struct Kernels {
+    pub ty: GgmlType,
+    /// Dequantize `n` whole blocks (`src.len() == n * type_size`) into
+    /// `dst` (`dst.len() == n * block_size`).
+    pub dequantize: fn(src: &[u8], dst: &mut [f32]),
+    /// The activation format the dot product takes: `Q8_0` for 32-element
+    /// formats, `Q8_K` for 256-element formats, `F32` for float weights.
+    pub vec_dot_type: GgmlType,
+    /// Scalar reference: dot of one weight row (`row`, whole blocks) with
+    /// activations quantized to `vec_dot_type` (`act`, same element count).
+    pub dot_reference: fn(row: &[u8], act: &[u8]) -> f32,
+    /// The fast dot product on this machine (SIMD picked at run time), or
+    /// the reference when there is none.
+    pub dot_fast: fn(row: &[u8], act: &[u8]) -> f32,
+    /// Quantize f32 values (whole blocks) into this format, if supported.
+    pub quantize: Option<fn(src: &[f32], dst: &mut [u8])>,
+}
+
+/// The kernels of `ty`, or `Unsupported`.
+pub fn kernels(ty: GgmlType) -> Result<&'static Kernels, QuantError> {
+    crate::legacy::kernels(ty)
+        .or_else(|| crate::kquants::kernels(ty))
+        .or_else(|| crate::iquants::kernels(ty))
+        .ok_or(QuantError::Unsupported(ty))
+}
+
+fn check_blocks(ty: GgmlType, bytes: usize, elems: usize) -> Result<(), QuantError> {
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    if elems % bs != 0 || bytes % ts != 0 || bytes / ts != elems / bs {
+        return Err(QuantError::Shape {
+            ty,
+            what: format!(
+                "{bytes} bytes do not hold {elems} elements (blocks of {bs} elements in {ts} bytes)"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Dequantize whole blocks of `ty` into f32.
+pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    let k = kernels(ty)?;
+    check_blocks(ty, src.len(), dst.len())?;
+    (k.dequantize)(src, dst);
+    Ok(())
+}
+
+/// Quantize f32 values into `ty` (whole blocks).
+pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    let k = kernels(ty)?;
+    let q = k.quantize.ok_or(QuantError::NoQuantizer(ty))?;
+    check_blocks(ty, dst.len(), src.len())?;
+    q(src, dst);
+    Ok(())
+}
+
+/// Quantize an activation vector into the format `weight_ty`'s dot product
+/// takes, returning the bytes.
+pub fn quantize_activations(weight_ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, QuantError> {
+    let k = kernels(weight_ty)?;
+    let act_ty = k.vec_dot_type;
+    let n = act_ty
+        .bytes_for(x.len() as u64)
+        .ok_or_else(|| QuantError::Shape {
+            ty: act_ty,
+            what: format!("{} activations are not whole blocks", x.len()),
+        })? as usize;
+    let mut out = vec![0u8; n];
+    quantize(act_ty, x, &mut out)?;
+    Ok(out)
+}
+
+fn use_reference() -> bool {
+    static FLAG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FLAG.get_or_init(|| std::env::var_os("REDLITE_REFERENCE").is_some_and(|v| v != "0"))
+}
+
+/// Dot product of one weight row of `ty` with activations already quantized
+/// by [`quantize_activations`].
+pub fn dot(ty: GgmlType, row: &[u8], act: &[u8]) -> Result<f32, QuantError> {
+    let k = kernels(ty)?;
+    let elems = row.len() / ty.type_size() * ty.block_size();
+    check_blocks(ty, row.len(), elems)?;
+    check_blocks(k.vec_dot_type, act.len(), elems)?;
+    Ok(if use_reference() {
+        (k.dot_reference)(row, act)
+    } else {
+        (k.dot_fast)(row, act)
+    })
+}
