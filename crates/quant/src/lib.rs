@@ -7,6 +7,7 @@
 //! environment variable `REDLITE_REFERENCE=1` makes [`dot`] use the scalar
 //! reference everywhere, for A/B runs.
 
+pub mod block;
 pub mod error;
 pub mod f16util;
 pub mod iquants;
