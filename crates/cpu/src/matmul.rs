@@ -1,0 +1,398 @@
+//! Matrix × activations over rows stored in any ggml block format.
+//!
+//! A weight matrix is `rows` rows of `cols` elements each (ggml's `dims[0]`
+//! is `cols`), read in place from the file. A batch of `n` tokens is an
+//! `n × cols` activation matrix; the result is `n × rows`.
+//!
+//! Fast path: each token's activations are quantized once into the format
+//! the weight's dot kernel takes; the rows are split into chunks over the
+//! pool, and each row is dotted with every token of the batch while it is in
+//! cache (GEMM-shaped). Float weights (F32) use a float dot; formats whose
+//! dot takes float activations are dequantized row by row.
+//!
+//! Reference path: every row is dequantized to f32 and dotted in f64.
+
+use crate::{CpuError, Pool};
+use rayon::prelude::*;
+use redlite_gguf::GgmlType;
+
+/// A weight matrix of `rows` × `cols` elements stored as `ty` blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct QMatrix<'a> {
+    pub ty: GgmlType,
+    pub data: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+    row_bytes: usize,
+}
+
+impl<'a> QMatrix<'a> {
+    /// Check that `data` holds exactly `rows` rows of `cols` elements.
+    pub fn new(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, CpuError> {
+        let bad = |expected| CpuError::MatrixBytes {
+            ty,
+            rows,
+            cols,
+            expected,
+            found: data.len(),
+        };
+        let row_bytes = ty.bytes_for(cols as u64).ok_or_else(|| bad(0))? as usize;
+        let expected = row_bytes.checked_mul(rows).ok_or_else(|| bad(usize::MAX))?;
+        if expected != data.len() {
+            return Err(bad(expected));
+        }
+        Ok(QMatrix {
+            ty,
+            data,
+            rows,
+            cols,
+            row_bytes,
+        })
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// The bytes of row `i`.
+    pub fn row(&self, i: usize) -> &'a [u8] {
+        &self.data[i * self.row_bytes..(i + 1) * self.row_bytes]
+    }
+
+    /// Rows `start..start+n` as a matrix of their own (one expert of a
+    /// stacked tensor, one part of a fused projection).
+    pub fn sub_rows(&self, start: usize, n: usize) -> QMatrix<'a> {
+        QMatrix {
+            data: &self.data[start * self.row_bytes..(start + n) * self.row_bytes],
+            rows: n,
+            ..*self
+        }
+    }
+
+    /// Dequantize row `i` into `out` (`cols` values).
+    pub fn dequantize_row(&self, i: usize, out: &mut [f32]) -> Result<(), CpuError> {
+        dequantize_into(self.ty, self.row(i), out)
+    }
+}
+
+/// Dequantize whole blocks of `ty` into `out`; float types are handled here,
+/// block formats by `redlite_quant`.
+pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), CpuError> {
+    let check = |size: usize| {
+        if bytes.len() != out.len() * size {
+            Err(CpuError::Shape {
+                what: "float row bytes",
+                expected: out.len() * size,
+                found: bytes.len(),
+            })
+        } else {
+            Ok(())
+        }
+    };
+    match ty {
+        GgmlType::F32 => {
+            check(4)?;
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => {
+            check(2)?;
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+        GgmlType::BF16 => {
+            check(2)?;
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            }
+        }
+        _ => redlite_quant::dequantize(ty, bytes, out)?,
+    }
+    Ok(())
+}
+
+/// View little-endian f32 bytes as `&[f32]` when they are aligned, else `None`.
+pub fn f32_view(bytes: &[u8]) -> Option<&[f32]> {
+    if bytes.len() % 4 != 0 {
+        return None;
+    }
+    // SAFETY: every bit pattern is a valid f32, `align_to` only yields the
+    // middle part at a correct alignment, and we accept the result only when
+    // nothing is left over before or after it (so it covers all of `bytes`).
+    // The target is little-endian (checked below), the byte order of GGUF.
+    let (head, mid, tail) = unsafe { bytes.align_to::<f32>() };
+    if cfg!(target_endian = "little") && head.is_empty() && tail.is_empty() {
+        Some(mid)
+    } else {
+        None
+    }
+}
+
+/// Dot product of two f32 slices with eight independent accumulators (the
+/// compiler turns them into vector lanes).
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s = 0f32;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        s += x * y;
+    }
+    (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]) + s
+}
+
+/// How the activations of a batch are prepared for one weight type.
+enum Prepared {
+    /// Float dot (float weights, or formats whose dot takes f32).
+    Float,
+    /// Quantized activations, one `stride`-byte record per token.
+    Quant {
+        bytes: Vec<u8>,
+        stride: usize,
+        dot: fn(&[u8], &[u8]) -> f32,
+    },
+}
+
+fn prepare(w: &QMatrix, xs: &[f32], n: usize) -> Result<Prepared, CpuError> {
+    if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        return Ok(Prepared::Float);
+    }
+    let k = redlite_quant::kernels(w.ty)?;
+    if k.vec_dot_type == GgmlType::F32 {
+        return Ok(Prepared::Float);
+    }
+    let mut bytes = Vec::new();
+    let mut stride = 0;
+    for t in 0..n {
+        let q = redlite_quant::quantize_activations(w.ty, &xs[t * w.cols..(t + 1) * w.cols])?;
+        stride = q.len();
+        bytes.extend_from_slice(&q);
+    }
+    Ok(Prepared::Quant {
+        bytes,
+        stride,
+        dot: k.dot_fast,
+    })
+}
+
+fn check_shapes(w: &QMatrix, xs: &[f32], ys: &[f32], n: usize) -> Result<(), CpuError> {
+    if xs.len() != n * w.cols {
+        return Err(CpuError::Shape {
+            what: "matmul activations",
+            expected: n * w.cols,
+            found: xs.len(),
+        });
+    }
+    if ys.len() != n * w.rows {
+        return Err(CpuError::Shape {
+            what: "matmul output",
+            expected: n * w.rows,
+            found: ys.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Compute rows `r0..r0+nr` for all `n` tokens into `out` (`nr × n`, row-major
+/// by weight row).
+fn rows_block(
+    w: &QMatrix,
+    prep: &Prepared,
+    xs: &[f32],
+    n: usize,
+    r0: usize,
+    nr: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<(), CpuError> {
+    match prep {
+        Prepared::Quant { bytes, stride, dot } => {
+            for r in 0..nr {
+                let row = w.row(r0 + r);
+                for t in 0..n {
+                    out[r * n + t] = dot(row, &bytes[t * stride..(t + 1) * stride]);
+                }
+            }
+        }
+        Prepared::Float => {
+            for r in 0..nr {
+                let bytes = w.row(r0 + r);
+                let row: &[f32] = match (w.ty, f32_view(bytes)) {
+                    (GgmlType::F32, Some(v)) => v,
+                    _ => {
+                        scratch.resize(w.cols, 0.0);
+                        dequantize_into(w.ty, bytes, scratch)?;
+                        scratch
+                    }
+                };
+                for t in 0..n {
+                    out[r * n + t] = dot_f32(row, &xs[t * w.cols..(t + 1) * w.cols]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn chunk_rows(rows: usize, threads: usize) -> usize {
+    (rows / (threads * 4).max(1)).clamp(4, 256)
+}
+
+/// `ys[t] = W · xs[t]` for the `n` tokens of a batch (fast path, threaded).
+pub fn matmul(
+    pool: &Pool,
+    w: &QMatrix,
+    xs: &[f32],
+    n: usize,
+    ys: &mut [f32],
+) -> Result<(), CpuError> {
+    check_shapes(w, xs, ys, n)?;
+    if n == 0 || w.rows == 0 {
+        return Ok(());
+    }
+    let prep = prepare(w, xs, n)?;
+    let chunk = chunk_rows(w.rows, pool.threads());
+    if n == 1 {
+        return pool.install(|| {
+            ys.par_chunks_mut(chunk).enumerate().try_for_each_init(
+                Vec::new,
+                |scratch, (ci, out)| {
+                    let nr = out.len();
+                    rows_block(w, &prep, xs, 1, ci * chunk, nr, out, scratch)
+                },
+            )
+        });
+    }
+    // Each chunk of rows computes an `nr × n` block; blocks are then placed
+    // into the token-major output.
+    let n_chunks = w.rows.div_ceil(chunk);
+    let blocks: Vec<Vec<f32>> = pool.install(|| {
+        (0..n_chunks)
+            .into_par_iter()
+            .map_init(Vec::new, |scratch, ci| {
+                let r0 = ci * chunk;
+                let nr = chunk.min(w.rows - r0);
+                let mut out = vec![0f32; nr * n];
+                rows_block(w, &prep, xs, n, r0, nr, &mut out, scratch).map(|_| out)
+            })
+            .collect::<Result<Vec<_>, CpuError>>()
+    })?;
+    for (ci, block) in blocks.iter().enumerate() {
+        let r0 = ci * chunk;
+        let nr = block.len() / n;
+        for r in 0..nr {
+            for t in 0..n {
+                ys[t * w.rows + r0 + r] = block[r * n + t];
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The reference: every row dequantized to f32, dotted in f64, one thread.
+pub fn matmul_reference(w: &QMatrix, xs: &[f32], n: usize, ys: &mut [f32]) -> Result<(), CpuError> {
+    check_shapes(w, xs, ys, n)?;
+    let mut row = vec![0f32; w.cols];
+    for r in 0..w.rows {
+        w.dequantize_row(r, &mut row)?;
+        for t in 0..n {
+            let x = &xs[t * w.cols..(t + 1) * w.cols];
+            let s: f64 = row.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
+            ys[t * w.rows + r] = s as f32;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn rand_vec(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn f32_view_aligned_and_not() {
+        let v = [1.0f32, 2.0, 3.0, 4.0];
+        // SAFETY (test): the bytes of an f32 array are plain initialized
+        // memory of 16 bytes at an f32 alignment.
+        let raw = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, 16) };
+        assert_eq!(f32_view(raw).unwrap(), &v[..]);
+        assert_eq!(f32_view(&raw[4..]).unwrap(), &v[1..]);
+        assert!(f32_view(&raw[1..13]).is_none(), "misaligned start");
+        assert!(f32_view(&raw[..11]).is_none(), "partial value");
+    }
+
+    #[test]
+    fn f32_matmul_fast_matches_reference_and_f64() {
+        let pool = Pool::new(2);
+        let mut seed = 7;
+        for &(rows, cols, n) in &[(1, 1, 1), (7, 33, 1), (64, 96, 3), (300, 128, 5)] {
+            let wv = rand_vec(rows * cols, &mut seed);
+            let xs = rand_vec(n * cols, &mut seed);
+            let bytes = f32_bytes(&wv);
+            let w = QMatrix::new(GgmlType::F32, &bytes, rows, cols).unwrap();
+            let mut fast = vec![0f32; n * rows];
+            let mut refr = vec![0f32; n * rows];
+            matmul(&pool, &w, &xs, n, &mut fast).unwrap();
+            matmul_reference(&w, &xs, n, &mut refr).unwrap();
+            for t in 0..n {
+                for r in 0..rows {
+                    let exact: f64 = (0..cols)
+                        .map(|c| wv[r * cols + c] as f64 * xs[t * cols + c] as f64)
+                        .sum();
+                    assert!((refr[t * rows + r] as f64 - exact).abs() < 1e-6);
+                    assert!(
+                        (fast[t * rows + r] as f64 - exact).abs() < 1e-4,
+                        "{rows}x{cols}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shape_errors_are_reported() {
+        let bytes = vec![0u8; 12];
+        assert!(QMatrix::new(GgmlType::F32, &bytes, 2, 2).is_err());
+        let w = QMatrix::new(GgmlType::F32, &bytes, 3, 1).unwrap();
+        let mut y = vec![0f32; 2];
+        assert!(matmul(&Pool::new(1), &w, &[1.0], 1, &mut y).is_err());
+    }
+
+    #[test]
+    fn f16_rows_dequantize() {
+        let v = [0.5f32, -2.0, 1.25];
+        let bytes: Vec<u8> = v
+            .iter()
+            .flat_map(|x| half::f16::from_f32(*x).to_bits().to_le_bytes())
+            .collect();
+        let w = QMatrix::new(GgmlType::F16, &bytes, 1, 3).unwrap();
+        let mut y = [0f32];
+        matmul(&Pool::new(1), &w, &[1.0, 1.0, 1.0], 1, &mut y).unwrap();
+        assert_eq!(y[0], -0.25);
+    }
+}
