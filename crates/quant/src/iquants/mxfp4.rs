@@ -1,0 +1,112 @@
+//! MXFP4 (OCP microscaling FP4): blocks of 32 e2m1 values with one shared
+//! e8m0 power-of-two scale, `w = 2^(e − 127) · e2m1[q]`. Like ggml, we keep
+//! the e2m1 values doubled (integers −12..=12) and halve the scale. Nibble
+//! layout as IQ4_NL. Activations are Q8_0.
+
+use super::iq4::{dot32, put32};
+use super::tables::KVALUES_MXFP4;
+use super::ActQ8_0;
+use crate::block::{cast_blocks, f16_le, Block};
+use crate::Kernels;
+use redlite_gguf::GgmlType;
+
+/// MXFP4 block: the e8m0 exponent byte and 16 bytes of two 4-bit codes.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockMxfp4 {
+    pub e: [u8; 1],
+    pub qs: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<BlockMxfp4>() == 17);
+// SAFETY: `#[repr(C)]`, byte arrays only: alignment 1, no padding, every bit
+// pattern valid.
+unsafe impl Block for BlockMxfp4 {}
+
+/// Half of the e8m0 scale `2^(e − 127)`, i.e. `2^(e − 128)`, built from
+/// its bits (subnormal for e < 2), exactly as ggml and the `gguf` package.
+#[inline(always)]
+pub fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+pub(super) static MXFP4: Kernels = Kernels {
+    ty: GgmlType::MXFP4,
+    dequantize: dequantize_mxfp4,
+    vec_dot_type: GgmlType::Q8_0,
+    dot_reference: dot_mxfp4_ref,
+    dot_fast: dot_mxfp4,
+    quantize: None,
+};
+
+fn dequantize_mxfp4(src: &[u8], dst: &mut [f32]) {
+    let blocks = cast_blocks::<BlockMxfp4>(src);
+    assert_eq!(dst.len(), blocks.len() * 32, "MXFP4: element count");
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(32)) {
+        put32(y, e8m0_to_f32_half(b.e[0]), &b.qs, &KVALUES_MXFP4);
+    }
+}
+
+fn dot_mxfp4_ref(row: &[u8], act: &[u8]) -> f32 {
+    let x = cast_blocks::<BlockMxfp4>(row);
+    let y = cast_blocks::<ActQ8_0>(act);
+    assert_eq!(
+        x.len(),
+        y.len(),
+        "MXFP4: row and activations differ in length"
+    );
+    let mut sumf = 0f32;
+    for (b, a) in x.iter().zip(y) {
+        let d = e8m0_to_f32_half(b.e[0]) * f16_le(a.d);
+        sumf += d * dot32(&b.qs, &a.qs, &KVALUES_MXFP4) as f32;
+    }
+    sumf
+}
+
+fn dot_mxfp4(row: &[u8], act: &[u8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if super::has_avx2() {
+        // SAFETY: AVX2 and FMA were detected at run time just above.
+        return unsafe { avx2::dot_mxfp4(row, act) };
+    }
+    dot_mxfp4_ref(row, act)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! As IQ4_NL's AVX2 dot product, with the MXFP4 table (pair sums at
+    //! most 2·128·12).
+    //!
+    //! # Safety
+    //!
+    //! Callers must have checked that AVX2 and FMA are available.
+
+    use super::super::iq4::avx2::{lookup32, table16};
+    use super::super::x86::{hsum_i32, load32, mul_signed};
+    use super::*;
+    use core::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_mxfp4(row: &[u8], act: &[u8]) -> f32 {
+        let x = cast_blocks::<BlockMxfp4>(row);
+        let y = cast_blocks::<ActQ8_0>(act);
+        assert_eq!(
+            x.len(),
+            y.len(),
+            "MXFP4: row and activations differ in length"
+        );
+        let table = table16(&KVALUES_MXFP4);
+        let ones = _mm256_set1_epi16(1);
+        let mut sumf = 0f32;
+        for (b, a) in x.iter().zip(y) {
+            let d = e8m0_to_f32_half(b.e[0]) * f16_le(a.d);
+            let p = mul_signed(load32(&a.qs), lookup32(&b.qs, table));
+            sumf += d * hsum_i32(_mm256_madd_epi16(p, ones)) as f32;
+        }
+        sumf
+    }
+}
