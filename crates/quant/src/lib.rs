@@ -13,8 +13,10 @@ pub mod f16util;
 pub mod iquants;
 pub mod kquants;
 pub mod legacy;
+pub mod matvec;
 pub mod registry;
 
 pub use error::QuantError;
+pub use matvec::{matvec, matvec_f32};
 pub use redlite_gguf::GgmlType;
 pub use registry::{dequantize, dot, kernels, quantize, quantize_activations, Kernels};

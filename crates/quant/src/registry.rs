@@ -76,7 +76,7 @@ pub fn quantize_activations(weight_ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, Q
     Ok(out)
 }
 
-fn use_reference() -> bool {
+pub(crate) fn use_reference() -> bool {
     static FLAG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FLAG.get_or_init(|| std::env::var_os("REDLITE_REFERENCE").is_some_and(|v| v != "0"))
 }

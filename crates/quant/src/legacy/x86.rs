@@ -1,0 +1,96 @@
+//! Small AVX2 helpers shared by the legacy and K-quant kernels.
+#![cfg(target_arch = "x86_64")]
+
+use core::arch::x86_64::*;
+
+/// Whether the AVX2 + FMA kernels can run on this machine (cached by std).
+#[inline(always)]
+pub fn has_avx2_fma() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+/// Sum of the 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub fn hsum_ps(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps::<1>(v);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Sum of the 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Signed × signed byte dot, pairwise summed into 8 i32 lanes.
+///
+/// Uses the unsigned×signed `maddubs` on |x| and sign(x)·y. Exact when `y`
+/// has no -128 (our activation quantizers never produce it); `x` may hold
+/// any value.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    let p16 = _mm256_maddubs_epi16(ax, sy);
+    _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
+}
+
+/// Unsigned (`x` ≤ 127 per byte in pairs so i16 cannot saturate: callers
+/// keep `x` ≤ 63) × signed byte dot into 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub fn dot_u8_i8(x: __m256i, y: __m256i) -> __m256i {
+    let p16 = _mm256_maddubs_epi16(x, y);
+    _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
+}
+
+/// Expand the 32 bits of `bits` to 32 bytes: byte `j` is 0xFF when bit `j`
+/// is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub fn bits_to_bytes(bits: u32) -> __m256i {
+    let v = _mm256_set1_epi32(bits as i32);
+    // Byte j takes source byte j / 8.
+    let shuf = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let v = _mm256_shuffle_epi8(v, shuf);
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(v, mask), mask)
+}
+
+/// 16 packed nibble bytes to 32 bytes: low nibbles in bytes 0..16, high
+/// nibbles in bytes 16..32.
+///
+/// # Safety
+/// `p` must be valid for reading 16 bytes (any alignment).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn nibbles_lo_hi(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 16 readable bytes; loadu has no alignment need.
+    let q = unsafe { _mm_loadu_si128(p.cast()) };
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// Load 32 bytes from any address.
+///
+/// # Safety
+/// `p` must be valid for reading 32 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn load32(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 32 readable bytes; loadu has no alignment need.
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
