@@ -58,7 +58,7 @@ fn tensor_info(name: &str, dims: &[u64], ty: u32, offset: u64) -> Vec<u8> {
     b
 }
 fn pad_to(b: &mut Vec<u8>, align: usize) {
-    while b.len() % align != 0 {
+    while !b.len().is_multiple_of(align) {
         b.push(0);
     }
 }
