@@ -1,0 +1,152 @@
+//! Tokenizer API on the real Qwen2.5 vocabulary.
+
+mod common;
+
+use redlite_gguf::{Metadata, MetadataValue};
+use redlite_tokenizer::{TokenType, Tokenizer, TokenizerError};
+
+#[test]
+fn special_ids_and_flags() {
+    let tok = common::qwen2();
+    assert_eq!(tok.vocab_size(), 151936);
+    assert_eq!(tok.bos_id(), Some(151643));
+    assert_eq!(tok.eos_id(), Some(151645));
+    assert_eq!(tok.eot_id(), Some(151645));
+    assert_eq!(tok.pad_id(), Some(151643));
+    assert!(!tok.add_bos());
+    assert!(tok.is_eog(151645)); // <|im_end|>
+    assert!(tok.is_eog(151643)); // <|endoftext|>
+    assert!(!tok.is_eog(151644)); // <|im_start|>
+    assert!(!tok.is_eog(0));
+    assert_eq!(tok.token_to_id("<|im_start|>"), Some(151644));
+    assert_eq!(tok.token_type(151644), Some(TokenType::Control));
+    assert_eq!(tok.token_type(151657), Some(TokenType::UserDefined));
+    assert_eq!(tok.token_to_piece(151644), b"<|im_start|>");
+    assert_eq!(tok.token_to_piece(220), b" ");
+    assert_eq!(tok.token_to_piece(u32::MAX), b"");
+}
+
+#[test]
+fn no_bos_added() {
+    let tok = common::qwen2();
+    assert_eq!(tok.encode("Hello world", true), [9707, 1879]);
+    assert_eq!(tok.encode("", true), Vec::<u32>::new());
+}
+
+#[test]
+fn parse_special_off_keeps_control_tokens_as_text() {
+    let tok = common::qwen2();
+    let on = tok.encode("<|im_start|>user", true);
+    assert_eq!(on[0], 151644);
+    let off = tok.encode("<|im_start|>user", false);
+    assert!(!off.contains(&151644));
+    assert_eq!(tok.decode(&off), "<|im_start|>user");
+    // USER_DEFINED tokens are matched either way (llama.cpp behaviour).
+    assert_eq!(tok.encode("<tool_call>", false), [151657]);
+}
+
+#[test]
+fn decode_skips_special_on_request_and_unknown_ids() {
+    let tok = common::qwen2();
+    let ids = tok.encode("<|im_start|>hi<|im_end|>", true);
+    assert_eq!(tok.decode_with(&ids, true), "hi");
+    assert_eq!(tok.decode(&[9707, u32::MAX, 999_999]), "Hello");
+}
+
+#[test]
+fn invalid_utf8_is_replaced_and_streamed() {
+    let tok = common::qwen2();
+    // "😀" is 4 bytes; it may be split over byte tokens.
+    let ids = tok.encode("a😀b", true);
+    let mut dec = tok.stream_decoder();
+    let mut out = String::new();
+    for &id in &ids {
+        let s = dec.push(id);
+        assert!(!s.contains('\u{FFFD}'));
+        out.push_str(&s);
+    }
+    out.push_str(&dec.finish());
+    assert_eq!(out, "a😀b");
+
+    // Byte tokens of a truncated sequence: held back, then U+FFFD at the end.
+    let f0 = tok.token_to_id("ð").unwrap(); // byte 0xF0
+    let mut dec = tok.stream_decoder();
+    assert_eq!(dec.push(f0), "");
+    assert_eq!(dec.pending(), [0xF0]);
+    assert_eq!(dec.push(64), "\u{FFFD}a"); // 'a' can't continue it
+    assert_eq!(dec.push(f0), "");
+    assert_eq!(dec.finish(), "\u{FFFD}");
+    assert_eq!(tok.decode(&[f0, 64, f0]), "\u{FFFD}a\u{FFFD}");
+}
+
+fn tiny_meta() -> Metadata {
+    let mut m = Metadata::new();
+    m.insert("tokenizer.ggml.model", "gpt2");
+    m.insert("tokenizer.ggml.pre", "qwen2");
+    m.insert(
+        "tokenizer.ggml.tokens",
+        MetadataValue::string_array(["a", "b", "ab", "<|x|>"]),
+    );
+    m.insert(
+        "tokenizer.ggml.token_type",
+        MetadataValue::Array(redlite_gguf::MetadataArray::new(
+            redlite_gguf::ValueType::I32,
+            vec![
+                MetadataValue::I32(1),
+                MetadataValue::I32(1),
+                MetadataValue::I32(1),
+                MetadataValue::I32(3),
+            ],
+        )),
+    );
+    m.insert(
+        "tokenizer.ggml.merges",
+        MetadataValue::string_array(["a b"]),
+    );
+    m
+}
+
+#[test]
+fn tiny_vocab_builds_and_encodes() {
+    let mut m = tiny_meta();
+    m.insert("tokenizer.ggml.bos_token_id", 3u32);
+    m.insert("tokenizer.ggml.add_bos_token", true);
+    let tok = Tokenizer::from_gguf(&m).unwrap();
+    assert_eq!(tok.encode("ab<|x|>ba", true), [3, 2, 3, 1, 0]);
+    // Bytes with no token in the vocabulary are dropped, not a panic.
+    assert_eq!(tok.encode("z", true), [3]);
+}
+
+#[test]
+fn errors_name_the_key() {
+    let mut m = tiny_meta();
+    m.remove("tokenizer.ggml.merges");
+    let e = Tokenizer::from_gguf(&m).unwrap_err();
+    assert!(matches!(e, TokenizerError::MissingKey { key } if key == "tokenizer.ggml.merges"));
+    assert!(e.to_string().contains("tokenizer.ggml.merges"));
+
+    let mut m = tiny_meta();
+    m.insert("tokenizer.ggml.model", "llama");
+    let e = Tokenizer::from_gguf(&m).unwrap_err();
+    assert!(e.to_string().contains("tokenizer.ggml.model"), "{e}");
+
+    let mut m = tiny_meta();
+    m.insert("tokenizer.ggml.pre", "llama3");
+    let e = Tokenizer::from_gguf(&m).unwrap_err();
+    assert!(e.to_string().contains("tokenizer.ggml.pre"), "{e}");
+
+    let mut m = tiny_meta();
+    m.insert("tokenizer.ggml.tokens", 5u32);
+    let e = Tokenizer::from_gguf(&m).unwrap_err();
+    assert!(matches!(e, TokenizerError::WrongType { key, .. } if key == "tokenizer.ggml.tokens"));
+
+    let mut m = tiny_meta();
+    m.insert("tokenizer.ggml.eos_token_id", 99u32);
+    let e = Tokenizer::from_gguf(&m).unwrap_err();
+    assert!(e.to_string().contains("tokenizer.ggml.eos_token_id"), "{e}");
+
+    let mut m = tiny_meta();
+    m.insert("tokenizer.ggml.merges", MetadataValue::string_array(["ab"]));
+    let e = Tokenizer::from_gguf(&m).unwrap_err();
+    assert!(e.to_string().contains("tokenizer.ggml.merges"), "{e}");
+}
