@@ -1,3 +1,121 @@
-fn main() -> anyhow::Result<()> {
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use redlite_cli::{inspect, quantbench};
+use redlite_gguf::{GgmlType, GgufFile};
+use std::path::PathBuf;
+
+/// Red Lite: fast inference for Qwen3-Next-class GGUF models.
+#[derive(Parser)]
+#[command(name = "redlite", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show what a GGUF file holds: architecture, hyperparameters, tokenizer, tensors by type and role, and what this build can compute.
+    Inspect {
+        /// The GGUF file.
+        file: PathBuf,
+        /// Also list every metadata key and every tensor.
+        #[arg(long)]
+        all: bool,
+        /// A tensor to dump (with --dump).
+        #[arg(long, requires = "dump")]
+        tensor: Option<String>,
+        /// Write --tensor dequantized as raw little-endian f32, GGUF element order.
+        #[arg(long, requires = "tensor")]
+        dump: Option<PathBuf>,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Throughput of every block format's dot kernel (GB/s of weights, one and all threads).
+    Quant {
+        /// Only these types (e.g. Q4_K,IQ2_XXS).
+        #[arg(long, value_delimiter = ',')]
+        types: Vec<String>,
+        /// Threads for the all-threads column (default: all cores).
+        #[arg(short, long)]
+        threads: Option<usize>,
+        /// Elements per row.
+        #[arg(long, default_value_t = 4096)]
+        row_len: usize,
+        /// Rows per matrix.
+        #[arg(long, default_value_t = 1024)]
+        rows: usize,
+        /// Timed passes per type (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        passes: usize,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("REDLITE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Inspect {
+            file,
+            all,
+            tensor,
+            dump,
+        } => {
+            let gguf =
+                GgufFile::open(&file).with_context(|| format!("opening {}", file.display()))?;
+            if let (Some(name), Some(out)) = (tensor, dump) {
+                let n = inspect::dump_tensor(&gguf, &name, &out)?;
+                eprintln!("wrote {n} f32 values of {name} to {}", out.display());
+            } else {
+                print!("{}", inspect::report(&gguf, all));
+            }
+        }
+        Command::Bench {
+            what:
+                BenchCommand::Quant {
+                    types,
+                    threads,
+                    row_len,
+                    rows,
+                    passes,
+                },
+        } => {
+            let types: Vec<GgmlType> = if types.is_empty() {
+                GgmlType::ALL.to_vec()
+            } else {
+                types
+                    .iter()
+                    .map(|t| {
+                        GgmlType::from_name(t).with_context(|| format!("unknown tensor type {t:?}"))
+                    })
+                    .collect::<Result<_>>()?
+            };
+            let threads = threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            println!("| type | weights | GB/s 1 thread | GB/s {threads} threads |");
+            println!("|---|---:|---:|---:|");
+            for row in quantbench::bench(&types, row_len, rows, passes.max(1), threads)? {
+                println!(
+                    "| {} | {:.1} MiB | {:.2} | {:.2} |",
+                    row.ty,
+                    row.weight_bytes as f64 / (1 << 20) as f64,
+                    row.gbps_one_thread,
+                    row.gbps_all_threads
+                );
+            }
+        }
+    }
     Ok(())
 }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test gate: formatting, lints, and every test.
+# Installs what the tests need (a Python venv with the `gguf` package, the
+# independent oracle for GGUF round trips) into .venv at the repo root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import gguf, numpy' 2>/dev/null; then
+  echo "==> creating .venv with the gguf package (test oracle)"
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
+fi
+export REDLITE_PYTHON="$PWD/.venv/bin/python"
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo test"
+cargo test --workspace --locked
