@@ -141,7 +141,7 @@ def quant_input(name: str) -> np.ndarray:
 
 def write(path: pathlib.Path, data: np.ndarray) -> None:
     path.write_bytes(np.ascontiguousarray(data).tobytes())
-    print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size} bytes)")
+    print(f"wrote {path} ({path.stat().st_size} bytes)")
 
 
 def main() -> int:
@@ -154,14 +154,16 @@ def main() -> int:
                     help="dequantize every <TYPE>.bin in this folder into <TYPE>.f32 and stop")
     ap.add_argument("--out", type=pathlib.Path, default=OUT)
     args = ap.parse_args()
-    print(f"gguf {gguf.__version__ if hasattr(gguf, '__version__') else '?'}, numpy {np.__version__}")
+    from importlib.metadata import version
+    print(f"gguf {version('gguf')}, numpy {np.__version__}")
 
     if args.dequant_dir is not None:
-        for p in sorted(args.dequant_dir.glob("*.bin")):
+        for p in sorted(args.dequant_dir.resolve().glob("*.bin")):
             raw = np.fromfile(p, dtype=np.uint8)
             write(p.with_suffix(".f32"), quants.dequantize(raw, T[p.stem]).astype("<f4"))
         return 0
 
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     types = args.types or dequantizable_types()
     if not args.no_dequant:

@@ -25,7 +25,7 @@ pub fn cast_blocks<B: Block>(bytes: &[u8]) -> &[B] {
     const { assert!(align_of::<B>() == 1 && size_of::<B>() > 0) };
     let size = size_of::<B>();
     assert!(
-        bytes.len() % size == 0,
+        bytes.len().is_multiple_of(size),
         "{} bytes are not a whole number of {size}-byte blocks",
         bytes.len()
     );
@@ -45,7 +45,7 @@ pub fn cast_blocks_mut<B: Block>(bytes: &mut [u8]) -> &mut [B] {
     const { assert!(align_of::<B>() == 1 && size_of::<B>() > 0) };
     let size = size_of::<B>();
     assert!(
-        bytes.len() % size == 0,
+        bytes.len().is_multiple_of(size),
         "{} bytes are not a whole number of {size}-byte blocks",
         bytes.len()
     );

@@ -3,6 +3,9 @@
 use crate::QuantError;
 use redlite_gguf::GgmlType;
 
+/// A quantizer: f32 values (whole blocks) into this format's bytes.
+pub type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
+
 /// The kernels of one block format. All slices hold whole blocks.
 pub struct Kernels {
     pub ty: GgmlType,
@@ -19,7 +22,7 @@ pub struct Kernels {
     /// the reference when there is none.
     pub dot_fast: fn(row: &[u8], act: &[u8]) -> f32,
     /// Quantize f32 values (whole blocks) into this format, if supported.
-    pub quantize: Option<fn(src: &[f32], dst: &mut [u8])>,
+    pub quantize: Option<QuantizeFn>,
 }
 
 /// The kernels of `ty`, or `Unsupported`.
@@ -32,7 +35,7 @@ pub fn kernels(ty: GgmlType) -> Result<&'static Kernels, QuantError> {
 
 fn check_blocks(ty: GgmlType, bytes: usize, elems: usize) -> Result<(), QuantError> {
     let (bs, ts) = (ty.block_size(), ty.type_size());
-    if elems % bs != 0 || bytes % ts != 0 || bytes / ts != elems / bs {
+    if !elems.is_multiple_of(bs) || !bytes.is_multiple_of(ts) || bytes / ts != elems / bs {
         return Err(QuantError::Shape {
             ty,
             what: format!(

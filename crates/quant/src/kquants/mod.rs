@@ -12,7 +12,7 @@ pub mod q6_k;
 pub mod q8_k;
 pub mod quant_util;
 #[cfg(target_arch = "x86_64")]
-pub mod x86;
+pub(crate) mod x86;
 
 pub use q2_k::BlockQ2K;
 pub use q3_k::BlockQ3K;

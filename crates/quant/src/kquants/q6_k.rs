@@ -73,8 +73,8 @@ pub fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
         }
         let iscale = -128.0 / max_scale;
         b.d = f16_le_from(1.0 / iscale);
-        for g in 0..16 {
-            b.scales[g] = nearest_int(iscale * scales[g]).min(127) as i8;
+        for (o, &s) in b.scales.iter_mut().zip(&scales) {
+            *o = nearest_int(iscale * s).min(127) as i8;
         }
         let d = f16_le(b.d);
         for g in 0..16 {

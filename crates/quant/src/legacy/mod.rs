@@ -9,7 +9,7 @@ pub mod q4;
 pub mod q5;
 pub mod q8_0;
 #[cfg(target_arch = "x86_64")]
-pub mod x86;
+pub(crate) mod x86;
 
 pub use q4::{BlockQ40, BlockQ41};
 pub use q5::{BlockQ50, BlockQ51};

@@ -21,16 +21,6 @@ pub fn hsum_ps(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// Sum of the 8 i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub fn hsum_epi32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
-}
-
 /// Signed × signed byte dot, pairwise summed into 8 i32 lanes.
 ///
 /// Uses the unsigned×signed `maddubs` on |x| and sign(x)·y. Exact when `y`
