@@ -69,14 +69,20 @@ impl BlockIq1M {
         u16::from_le_bytes([self.scales[2 * i], self.scales[2 * i + 1]])
     }
 
-    /// The block scale, assembled from the top nibbles of the scale words.
+    /// The bits of the f16 block scale, assembled from the top nibbles of
+    /// the scale words.
     #[inline(always)]
-    fn d(&self) -> f32 {
-        let bits = (self.sc(0) >> 12)
+    fn d_bits(&self) -> u16 {
+        (self.sc(0) >> 12)
             | ((self.sc(1) >> 8) & 0x00F0)
             | ((self.sc(2) >> 4) & 0x0F00)
-            | (self.sc(3) & 0xF000);
-        f16_to_f32(bits)
+            | (self.sc(3) & 0xF000)
+    }
+
+    /// The block scale.
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        f16_to_f32(self.d_bits())
     }
 
     /// 3-bit scale of 16-weight group `k`.
@@ -185,7 +191,7 @@ fn dot_iq1_s_ref(row: &[u8], act: &[u8]) -> f32 {
 fn dot_iq1_s(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time just above.
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::dot_iq1_s(row, act) };
     }
     dot_iq1_s_ref(row, act)
@@ -242,7 +248,7 @@ fn dot_iq1_m_ref(row: &[u8], act: &[u8]) -> f32 {
 fn dot_iq1_m(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time just above.
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::dot_iq1_m(row, act) };
     }
     dot_iq1_m_ref(row, act)
@@ -258,9 +264,9 @@ mod avx2 {
     //!
     //! # Safety
     //!
-    //! Callers must have checked that AVX2 and FMA are available.
+    //! Callers must have checked that AVX2, FMA and F16C are available.
 
-    use super::super::x86::{hsum_i32, load32, mul_signed, set_u64x4};
+    use super::super::x86::{f16c, hsum_i32, load32, mul_signed, set_u64x4};
     use super::*;
     use core::arch::x86_64::*;
 
@@ -282,16 +288,12 @@ mod avx2 {
         t
     };
 
-    /// Bytes of +1 or -1 for a shift sign.
-    const PLUS: u64 = 0x0101_0101_0101_0101;
-    const MINUS: u64 = 0xFFFF_FFFF_FFFF_FFFF;
-
     #[inline(always)]
     fn q32(a: &BlockQ8K, ib: usize) -> &[i8; 32] {
         a.qs[32 * ib..32 * ib + 32].try_into().unwrap()
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_iq1_s(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockIq1S>(row);
         let y = BlockQ8K::slice(act);
@@ -302,7 +304,7 @@ mod avx2 {
         );
         let mut sumf = 0f32;
         for (b, a) in x.iter().zip(y) {
-            let d = f16_le(b.d) * a.d();
+            let d = f16c(b.d) * a.d();
             let mut acc = _mm256_setzero_si256();
             for ib in 0..QK_K / 32 {
                 let qh = b.qh16(ib);
@@ -324,7 +326,7 @@ mod avx2 {
         0.125 * sumf
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_iq1_m(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockIq1M>(row);
         let y = BlockQ8K::slice(act);
@@ -335,8 +337,17 @@ mod avx2 {
         );
         let mut sumf = 0f32;
         for (b, a) in x.iter().zip(y) {
-            let d = b.d() * a.d();
+            let d = f16c(b.d_bits().to_le_bytes()) * a.d();
             let sc = [b.sc(0), b.sc(1), b.sc(2), b.sc(3)];
+            let sign_bits = _mm256_setr_epi16(
+                0x8, 0x8, 0x8, 0x8, 0x80, 0x80, 0x80, 0x80, 0x800, 0x800, 0x800, 0x800, -0x8000,
+                -0x8000, -0x8000, -0x8000,
+            );
+            let one8 = _mm256_set1_epi8(1);
+            let two8 = _mm256_set1_epi8(2);
+            let one16 = _mm256_set1_epi16(1);
+            let seven16 = _mm256_set1_epi16(7);
+            let scale_shift = _mm256_setr_epi32(0, 0, 0, 0, 3, 3, 3, 3);
             let mut acc = _mm256_setzero_si256();
             for ib in 0..QK_K / 32 {
                 let l = 4 * ib;
@@ -349,15 +360,18 @@ mod avx2 {
                     IQ1S_GRID8[idx(b.qs[l + 2], h1)],
                     IQ1S_GRID8[idx(b.qs[l + 3], h1 >> 4)],
                 );
-                let sg = |nib: u8| if nib & 8 != 0 { MINUS } else { PLUS };
-                let sigma = set_u64x4(sg(h0), sg(h0 >> 4), sg(h1), sg(h1 >> 4));
-                let w = _mm256_add_epi8(grid, sigma);
+                // Shift signs: bit 3 of each nibble of h0 | h1 << 8 selects
+                // -1 for the 8 weights of its 64-bit lane, else +1.
+                let h = _mm256_set1_epi16((h0 as u16 | (h1 as u16) << 8) as i16);
+                let neg = _mm256_cmpeq_epi16(_mm256_and_si256(h, sign_bits), sign_bits);
+                let w = _mm256_sub_epi8(_mm256_add_epi8(grid, one8), _mm256_and_si256(neg, two8));
                 let p = mul_signed(load32(q32(a, ib)), w);
-                // Scales 2ib (first 16 weights) and 2ib + 1 (last 16).
+                // Scales 2ib (first 16 weights) and 2ib + 1 (last 16): bits
+                // 0..3 and 3..6 of `word`, brought down by a per-half shift.
                 let word = sc[ib / 2] >> (6 * (ib % 2));
-                let lo = 2 * (word & 7) as i16 + 1;
-                let hi = 2 * ((word >> 3) & 7) as i16 + 1;
-                let ls = _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
+                let v = _mm256_srlv_epi32(_mm256_set1_epi16(word as i16), scale_shift);
+                let v = _mm256_and_si256(v, seven16);
+                let ls = _mm256_add_epi16(_mm256_add_epi16(v, v), one16);
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ls));
             }
             sumf += d * hsum_i32(acc) as f32;

@@ -164,7 +164,7 @@ fn dot_iq2_xxs_ref(row: &[u8], act: &[u8]) -> f32 {
 fn dot_iq2_xxs(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time just above.
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::dot_iq2_xxs(row, act) };
     }
     dot_iq2_xxs_ref(row, act)
@@ -225,7 +225,7 @@ fn dot_iq2_xs_ref(row: &[u8], act: &[u8]) -> f32 {
 fn dot_iq2_xs(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time just above.
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::dot_iq2_xs(row, act) };
     }
     dot_iq2_xs_ref(row, act)
@@ -280,7 +280,7 @@ fn dot_iq2_s_ref(row: &[u8], act: &[u8]) -> f32 {
 fn dot_iq2_s(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time just above.
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::dot_iq2_s(row, act) };
     }
     dot_iq2_s_ref(row, act)
@@ -297,9 +297,9 @@ mod avx2 {
     //!
     //! # Safety
     //!
-    //! Callers must have checked that AVX2 and FMA are available.
+    //! Callers must have checked that AVX2, FMA and F16C are available.
 
-    use super::super::x86::{hsum_i32, load32, set_u64x4};
+    use super::super::x86::{f16c, hsum_i32, load32, set_u64x4};
     use super::super::{KSIGN_BYTES, SIGN_BYTES};
     use super::*;
     use core::arch::x86_64::*;
@@ -309,7 +309,7 @@ mod avx2 {
         a.qs[32 * ib..32 * ib + 32].try_into().unwrap()
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_iq2_xxs(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockIq2Xxs>(row);
         let y = BlockQ8K::slice(act);
@@ -320,7 +320,7 @@ mod avx2 {
         );
         let mut sumf = 0f32;
         for (b, a) in x.iter().zip(y) {
-            let d = f16_le(b.d) * a.d();
+            let d = f16c(b.d) * a.d();
             let mut acc = _mm256_setzero_si256();
             for ib in 0..QK_K / 32 {
                 let idx = u32_at(&b.qs, 8 * ib);
@@ -347,17 +347,21 @@ mod avx2 {
         0.125 * sumf
     }
 
-    /// The scales of 32 weights as i16 lanes: `lo` for the first 16 weights
-    /// (lanes 0..8 of a maddubs result), `hi` for the last 16.
+    /// The scales `2s + 1` of 32 weights as i16 lanes: the low nibble of
+    /// `byte` for the first 16 weights (lanes 0..8 of a maddubs result), the
+    /// high nibble for the last 16 (lanes 8..16).
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn scales16(byte: u8) -> __m256i {
-        let lo = 2 * (byte & 0xF) as i16 + 1;
-        let hi = 2 * (byte >> 4) as i16 + 1;
-        _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+        // Each 32-bit lane holds `byte` twice; shifting the upper half of
+        // the vector right by 4 brings the high nibble down in both halves.
+        let v = _mm256_set1_epi16(byte as i16);
+        let v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+        let v = _mm256_and_si256(v, _mm256_set1_epi16(0xF));
+        _mm256_add_epi16(_mm256_add_epi16(v, v), _mm256_set1_epi16(1))
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_iq2_xs(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockIq2Xs>(row);
         let y = BlockQ8K::slice(act);
@@ -368,7 +372,7 @@ mod avx2 {
         );
         let mut sumf = 0f32;
         for (b, a) in x.iter().zip(y) {
-            let d = f16_le(b.d) * a.d();
+            let d = f16c(b.d) * a.d();
             let mut acc = _mm256_setzero_si256();
             for ib in 0..QK_K / 32 {
                 let v: [u16; 4] = core::array::from_fn(|l| u16_at(&b.qs, 8 * ib + 2 * l));
@@ -393,7 +397,7 @@ mod avx2 {
         0.125 * sumf
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_iq2_s(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockIq2S>(row);
         let y = BlockQ8K::slice(act);
@@ -404,7 +408,7 @@ mod avx2 {
         );
         let mut sumf = 0f32;
         for (b, a) in x.iter().zip(y) {
-            let d = f16_le(b.d) * a.d();
+            let d = f16c(b.d) * a.d();
             let mut acc = _mm256_setzero_si256();
             for ib in 0..QK_K / 32 {
                 let l = 4 * ib;

@@ -148,7 +148,7 @@ fn dot_iq3_xxs_ref(row: &[u8], act: &[u8]) -> f32 {
 fn dot_iq3_xxs(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time just above.
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::dot_iq3_xxs(row, act) };
     }
     dot_iq3_xxs_ref(row, act)
@@ -211,7 +211,7 @@ fn dot_iq3_s_ref(row: &[u8], act: &[u8]) -> f32 {
 fn dot_iq3_s(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time just above.
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::dot_iq3_s(row, act) };
     }
     dot_iq3_s_ref(row, act)
@@ -227,9 +227,9 @@ mod avx2 {
     //!
     //! # Safety
     //!
-    //! Callers must have checked that AVX2 and FMA are available.
+    //! Callers must have checked that AVX2, FMA and F16C are available.
 
-    use super::super::x86::{hsum_i32, load32, set_u64x4};
+    use super::super::x86::{f16c, hsum_i32, load32, set_u64x4};
     use super::super::{KSIGN_BYTES, SIGN_BYTES};
     use super::*;
     use core::arch::x86_64::*;
@@ -254,7 +254,7 @@ mod avx2 {
         )
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_iq3_xxs(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockIq3Xxs>(row);
         let y = BlockQ8K::slice(act);
@@ -265,7 +265,7 @@ mod avx2 {
         );
         let mut sumf = 0f32;
         for (b, a) in x.iter().zip(y) {
-            let d = f16_le(b.d) * a.d();
+            let d = f16c(b.d) * a.d();
             let mut acc = _mm256_setzero_si256();
             for ib in 0..QK_K / 32 {
                 let grid = set_u32x8(core::array::from_fn(|j| {
@@ -288,7 +288,7 @@ mod avx2 {
         0.25 * sumf
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_iq3_s(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockIq3S>(row);
         let y = BlockQ8K::slice(act);
@@ -299,7 +299,7 @@ mod avx2 {
         );
         let mut sumf = 0f32;
         for (b, a) in x.iter().zip(y) {
-            let d = f16_le(b.d) * a.d();
+            let d = f16c(b.d) * a.d();
             let mut acc = _mm256_setzero_si256();
             for ib in 0..QK_K / 32 {
                 let grid = set_u32x8(core::array::from_fn(|j| {

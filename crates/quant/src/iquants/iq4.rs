@@ -121,7 +121,7 @@ fn dot_iq4_nl_ref(row: &[u8], act: &[u8]) -> f32 {
 fn dot_iq4_nl(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time just above.
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::dot_iq4_nl(row, act) };
     }
     dot_iq4_nl_ref(row, act)
@@ -168,7 +168,7 @@ fn dot_iq4_xs_ref(row: &[u8], act: &[u8]) -> f32 {
 fn dot_iq4_xs(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time just above.
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::dot_iq4_xs(row, act) };
     }
     dot_iq4_xs_ref(row, act)
@@ -183,9 +183,9 @@ pub(super) mod avx2 {
     //!
     //! # Safety
     //!
-    //! Callers must have checked that AVX2 and FMA are available.
+    //! Callers must have checked that AVX2, FMA and F16C are available.
 
-    use super::super::x86::{hsum_i32, load32, mul_signed};
+    use super::super::x86::{f16c, hsum_i32, load32, mul_signed};
     use super::*;
     use core::arch::x86_64::*;
 
@@ -210,7 +210,7 @@ pub(super) mod avx2 {
         _mm256_set_m128i(hi, lo)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_iq4_nl(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockIq4Nl>(row);
         let y = cast_blocks::<ActQ8_0>(act);
@@ -223,14 +223,14 @@ pub(super) mod avx2 {
         let ones = _mm256_set1_epi16(1);
         let mut sumf = 0f32;
         for (b, a) in x.iter().zip(y) {
-            let d = f16_le(b.d) * f16_le(a.d);
+            let d = f16c(b.d) * f16c(a.d);
             let p = mul_signed(load32(&a.qs), lookup32(&b.qs, table));
             sumf += d * hsum_i32(_mm256_madd_epi16(p, ones)) as f32;
         }
         sumf
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_iq4_xs(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockIq4Xs>(row);
         let y = BlockQ8K::slice(act);
@@ -242,7 +242,7 @@ pub(super) mod avx2 {
         let table = table16(&KVALUES_IQ4NL);
         let mut sumf = 0f32;
         for (b, a) in x.iter().zip(y) {
-            let d = f16_le(b.d) * a.d();
+            let d = f16c(b.d) * a.d();
             let mut acc = _mm256_setzero_si256();
             for ib in 0..QK_K / 32 {
                 let qs: &[u8; 16] = b.qs[16 * ib..16 * ib + 16].try_into().unwrap();

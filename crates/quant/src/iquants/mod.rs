@@ -100,11 +100,13 @@ pub(crate) static KSIGN_BYTES: [u64; 128] = {
     t
 };
 
-/// Whether the AVX2 + FMA paths may run on this machine.
+/// Whether the AVX2 (+ FMA, F16C) paths may run on this machine.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn has_avx2() -> bool {
-    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("f16c")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -116,7 +118,8 @@ pub(crate) mod x86 {
     //!
     //! # Safety
     //!
-    //! Every function here may only be called where AVX2 is available:
+    //! Every function here may only be called where AVX2 (and, for
+    //! [`f16c`], F16C) is available:
     //! from the formats' AVX2 dot products, which run only after
     //! [`super::has_avx2`] returned true.
     use core::arch::x86_64::*;
@@ -130,6 +133,15 @@ pub(crate) mod x86 {
         let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
         _mm_cvtsi128_si32(s)
+    }
+
+    /// f16 (little-endian bytes) to f32 with F16C: exact, the same value
+    /// as [`crate::block::f16_le`] without its per-call feature check.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn f16c(b: [u8; 2]) -> f32 {
+        let v = _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32);
+        _mm_cvtss_f32(_mm_cvtph_ps(v))
     }
 
     /// Load 32 signed bytes from `q`.

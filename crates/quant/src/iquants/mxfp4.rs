@@ -70,7 +70,7 @@ fn dot_mxfp4_ref(row: &[u8], act: &[u8]) -> f32 {
 fn dot_mxfp4(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time just above.
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::dot_mxfp4(row, act) };
     }
     dot_mxfp4_ref(row, act)
@@ -83,14 +83,14 @@ mod avx2 {
     //!
     //! # Safety
     //!
-    //! Callers must have checked that AVX2 and FMA are available.
+    //! Callers must have checked that AVX2, FMA and F16C are available.
 
     use super::super::iq4::avx2::{lookup32, table16};
-    use super::super::x86::{hsum_i32, load32, mul_signed};
+    use super::super::x86::{f16c, hsum_i32, load32, mul_signed};
     use super::*;
     use core::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_mxfp4(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockMxfp4>(row);
         let y = cast_blocks::<ActQ8_0>(act);
@@ -103,7 +103,7 @@ mod avx2 {
         let ones = _mm256_set1_epi16(1);
         let mut sumf = 0f32;
         for (b, a) in x.iter().zip(y) {
-            let d = e8m0_to_f32_half(b.e[0]) * f16_le(a.d);
+            let d = e8m0_to_f32_half(b.e[0]) * f16c(a.d);
             let p = mul_signed(load32(&a.qs), lookup32(&b.qs, table));
             sumf += d * hsum_i32(_mm256_madd_epi16(p, ones)) as f32;
         }
