@@ -360,7 +360,10 @@ mod tests {
         assert_eq!(Role::of("blk.3.ffn_up_exps.weight"), Role::Experts);
         assert_eq!(Role::of("blk.3.ffn_down_shexp.weight"), Role::SharedExpert);
         assert_eq!(Role::of("blk.3.ffn_gate_inp.weight"), Role::Router);
-        assert_eq!(Role::of("blk.3.ffn_gate_inp_shexp.weight"), Role::SharedExpert);
+        assert_eq!(
+            Role::of("blk.3.ffn_gate_inp_shexp.weight"),
+            Role::SharedExpert
+        );
         assert_eq!(Role::of("blk.0.attn_qkv.weight"), Role::Recurrent);
         assert_eq!(Role::of("blk.0.ssm_out.weight"), Role::Recurrent);
         assert_eq!(Role::of("blk.3.attn_q.weight"), Role::Attention);
