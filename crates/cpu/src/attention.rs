@@ -35,7 +35,7 @@ fn check(
             found,
         })
     };
-    if s.n_kv_head == 0 || s.n_head % s.n_kv_head != 0 {
+    if s.n_kv_head == 0 || !s.n_head.is_multiple_of(s.n_kv_head) {
         return bad("query heads per KV head", s.n_kv_head, s.n_head);
     }
     if q.len() != qn {

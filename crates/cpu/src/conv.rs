@@ -17,7 +17,7 @@ pub fn conv1d_causal(
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), CpuError> {
-    if k == 0 || w.len() % k != 0 {
+    if k == 0 || !w.len().is_multiple_of(k) {
         return Err(CpuError::Shape {
             what: "conv taps",
             expected: k,
@@ -35,7 +35,7 @@ pub fn conv1d_causal(
     if state.len() != (k - 1) * c {
         return bad("conv state", (k - 1) * c, state.len());
     }
-    if x.len() % c != 0 || out.len() != x.len() {
+    if !x.len().is_multiple_of(c) || out.len() != x.len() {
         return bad("conv input/output", x.len(), out.len());
     }
     let t_len = x.len() / c;

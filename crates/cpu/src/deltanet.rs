@@ -48,7 +48,7 @@ fn check(s: &GdnShape, x: &GdnInputs, state: &[f32], out: &[f32]) -> Result<usiz
             found,
         })
     };
-    if s.n_k_heads == 0 || s.n_v_heads % s.n_k_heads != 0 {
+    if s.n_k_heads == 0 || !s.n_v_heads.is_multiple_of(s.n_k_heads) {
         return bad("value heads per key head", s.n_k_heads, s.n_v_heads);
     }
     let t = x.g.len() / s.n_v_heads.max(1);
@@ -211,12 +211,13 @@ fn chunk_head(
     let v = |i: usize| &d.v[(c0 + i) * dv..(c0 + i + 1) * dv];
     let beta = |i: usize| d.beta[c0 + i];
     // Cumulative log decay inside the chunk.
-    let mut gc = vec![0f32; l];
-    let mut acc = 0f32;
-    for i in 0..l {
-        acc += d.g[c0 + i];
-        gc[i] = acc;
-    }
+    let gc: Vec<f32> = d.g[c0..c0 + l]
+        .iter()
+        .scan(0f32, |acc, &g| {
+            *acc += g;
+            Some(*acc)
+        })
+        .collect();
     // A[i][j] = -β_i (k_i·k_j) e^{gc_i - gc_j} for j < i, then the
     // forward substitution that turns (I - A)⁻¹ into T = A' + I.
     let mut a = vec![0f32; l * l];
@@ -379,11 +380,9 @@ mod tests {
         out
     }
 
-    fn inputs(
-        s: &GdnShape,
-        t: usize,
-        seed: &mut u64,
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    type Inputs5 = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+    fn inputs(s: &GdnShape, t: usize, seed: &mut u64) -> Inputs5 {
         let mut q = rand(t * s.n_k_heads * s.dk, seed);
         let mut k = rand(t * s.n_k_heads * s.dk, seed);
         l2(&mut q, s.dk);

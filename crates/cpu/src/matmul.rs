@@ -116,7 +116,7 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()
 
 /// View little-endian f32 bytes as `&[f32]` when they are aligned, else `None`.
 pub fn f32_view(bytes: &[u8]) -> Option<&[f32]> {
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return None;
     }
     // SAFETY: every bit pattern is a valid f32, `align_to` only yields the
@@ -206,6 +206,7 @@ fn check_shapes(w: &QMatrix, xs: &[f32], ys: &[f32], n: usize) -> Result<(), Cpu
 
 /// Compute rows `r0..r0+nr` for all `n` tokens into `out` (`nr × n`, row-major
 /// by weight row).
+#[allow(clippy::too_many_arguments)]
 fn rows_block(
     w: &QMatrix,
     prep: &Prepared,
@@ -394,5 +395,49 @@ mod tests {
         let mut y = [0f32];
         matmul(&Pool::new(1), &w, &[1.0, 1.0, 1.0], 1, &mut y).unwrap();
         assert_eq!(y[0], -0.25);
+    }
+}
+
+#[cfg(test)]
+mod quant_tests {
+    use super::*;
+
+    /// Quantized rows through the registry's kernels: the fast path (Q8_0
+    /// activations) stays within the activation-rounding bound of the
+    /// reference (f32 activations), row by row and across a batch.
+    #[test]
+    fn q8_0_fast_within_activation_rounding_of_reference() {
+        if redlite_quant::kernels(GgmlType::Q8_0).is_err() {
+            eprintln!("skipped: no Q8_0 kernels in this build");
+            return;
+        }
+        let (rows, cols, n) = (40usize, 128usize, 3usize);
+        let mut seed = 99u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let wv: Vec<f32> = (0..rows * cols).map(|_| next()).collect();
+        let xs: Vec<f32> = (0..n * cols).map(|_| next()).collect();
+        let mut bytes = vec![0u8; GgmlType::Q8_0.bytes_for((rows * cols) as u64).unwrap() as usize];
+        redlite_quant::quantize(GgmlType::Q8_0, &wv, &mut bytes).unwrap();
+        let w = QMatrix::new(GgmlType::Q8_0, &bytes, rows, cols).unwrap();
+        let mut fast = vec![0f32; n * rows];
+        let mut refr = vec![0f32; n * rows];
+        matmul(&Pool::new(2), &w, &xs, n, &mut fast).unwrap();
+        matmul_reference(&w, &xs, n, &mut refr).unwrap();
+        let mut deq = vec![0f32; cols];
+        for t in 0..n {
+            let x = &xs[t * cols..(t + 1) * cols];
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for r in 0..rows {
+                w.dequantize_row(r, &mut deq).unwrap();
+                let bound: f32 = deq.iter().map(|v| v.abs()).sum::<f32>() * amax / 127.0 + 1e-4;
+                let e = (fast[t * rows + r] - refr[t * rows + r]).abs();
+                assert!(e <= bound, "row {r} token {t}: |Δ| {e} > bound {bound}");
+            }
+        }
     }
 }

@@ -1,0 +1,93 @@
+//! One file per architecture; this enum picks one from
+//! `general.architecture`. A new architecture (e.g. `qwen2`) adds a file, a
+//! variant, and an arm in each match below.
+
+pub mod common;
+pub mod qwen3next;
+
+use crate::blocks::moe::Route;
+use crate::exec::Exec;
+use crate::session::LayerState;
+use crate::trace::Trace;
+use crate::weights::Weight;
+use crate::ModelError;
+use redlite_gguf::GgufFile;
+
+/// A loaded architecture.
+#[derive(Debug)]
+pub enum Arch {
+    Qwen3Next(qwen3next::Qwen3Next),
+}
+
+impl Arch {
+    pub fn load(file: &GgufFile) -> Result<Arch, ModelError> {
+        let name = file.metadata().architecture()?;
+        match name {
+            "qwen3next" => Ok(Arch::Qwen3Next(qwen3next::Qwen3Next::load(file)?)),
+            other => Err(ModelError::UnsupportedArch(other.to_string())),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Arch::Qwen3Next(_) => "qwen3next",
+        }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        match self {
+            Arch::Qwen3Next(m) => m.cfg.n_vocab,
+        }
+    }
+
+    pub fn n_embd(&self) -> usize {
+        match self {
+            Arch::Qwen3Next(m) => m.cfg.n_embd,
+        }
+    }
+
+    pub fn context_length(&self) -> usize {
+        match self {
+            Arch::Qwen3Next(m) => m.cfg.context_length,
+        }
+    }
+
+    pub fn n_layer(&self) -> usize {
+        match self {
+            Arch::Qwen3Next(m) => m.cfg.n_layer,
+        }
+    }
+
+    pub fn tok_embd(&self) -> &Weight {
+        match self {
+            Arch::Qwen3Next(m) => &m.tok_embd,
+        }
+    }
+
+    pub fn output(&self) -> &Weight {
+        match self {
+            Arch::Qwen3Next(m) => &m.output,
+        }
+    }
+
+    pub fn new_states(&self) -> Vec<LayerState> {
+        match self {
+            Arch::Qwen3Next(m) => m.new_states(),
+        }
+    }
+
+    /// The layers and the final norm over embedded tokens.
+    pub fn forward_hidden(
+        &self,
+        ex: &Exec,
+        states: &mut [LayerState],
+        x: Vec<f32>,
+        n: usize,
+        pos0: usize,
+        trace: &mut Trace,
+    ) -> Result<(Vec<f32>, Vec<Vec<Route>>), ModelError> {
+        match self {
+            Arch::Qwen3Next(m) => m.forward_hidden(ex, states, x, n, pos0, trace),
+        }
+    }
+}

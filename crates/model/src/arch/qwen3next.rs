@@ -1,0 +1,416 @@
+//! Qwen3-Next: hybrid Gated DeltaNet + gated attention layers, each
+//! followed by a 512-expert MoE with a shared expert.
+//!
+//! ```text
+//! h = x + Mixer(RMSNorm_attn(x))      Mixer = GatedAttention | GatedDeltaNet
+//! y = h + MoE(RMSNorm_post(h))
+//! logits = output(RMSNorm(y_last_layer))
+//! ```
+//!
+//! Everything comes from GGUF metadata (`qwen3next.*`); layer kinds from
+//! `attention.recurrent_layers`, else `full_attention_interval`. In a GGUF
+//! every norm is a plain `x̂·w` (the converter adds HF's `+1`, except to
+//! `ssm_norm`, whose HF form is already plain).
+
+use super::common::{self, Meta};
+use crate::blocks::attention::{self, AttnParams, AttnWeights};
+use crate::blocks::deltanet::{self, DeltaNetParams, DeltaNetWeights, InProj};
+use crate::blocks::moe::{DenseFfn, ExpertsGateUp, MoeWeights, Route};
+use crate::exec::Exec;
+use crate::session::LayerState;
+use crate::trace::Trace;
+use crate::weights::{blk, load_f32, TensorSpec as S, Weight};
+use crate::ModelError;
+use redlite_cpu::attention::AttnShape;
+use redlite_cpu::deltanet::GdnShape;
+use redlite_cpu::ops::{add_inplace, rms_norm, Rope};
+use redlite_gguf::GgufFile;
+
+/// The hyper-parameters, all from metadata.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_vocab: usize,
+    pub context_length: usize,
+    pub eps: f32,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub rope_base: f32,
+    pub n_rot: usize,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub ff_expert: usize,
+    pub ff_shared: usize,
+    pub ff_dense: usize,
+    pub conv_kernel: usize,
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub head_k_dim: usize,
+    pub head_v_dim: usize,
+    /// Per layer: true for Gated DeltaNet, false for full attention.
+    pub recurrent: Vec<bool>,
+}
+
+impl Config {
+    pub fn from_gguf(file: &GgufFile) -> Result<Config, ModelError> {
+        let m = Meta::new(file.metadata(), "qwen3next");
+        let n_layer = m.usize("block_count")?;
+        let n_embd = m.usize("embedding_length")?;
+        let n_head = m.usize("attention.head_count")?;
+        let head_dim = m.usize_or("attention.key_length", n_embd / n_head.max(1))?;
+        let recurrent = match m.bool_array("attention.recurrent_layers")? {
+            Some(v) => v,
+            None => {
+                let iv = m.usize_or("full_attention_interval", 4)?.max(1);
+                (0..n_layer).map(|i| (i + 1) % iv != 0).collect()
+            }
+        };
+        if recurrent.len() != n_layer {
+            return Err(m.bad(
+                "attention.recurrent_layers",
+                format!("has {} entries for {n_layer} layers", recurrent.len()),
+            ));
+        }
+        let n_v_heads = m.usize("ssm.time_step_rank")?;
+        let d_inner = m.usize("ssm.inner_size")?;
+        let n_k_heads = m.usize("ssm.group_count")?;
+        if n_v_heads == 0
+            || n_k_heads == 0
+            || n_v_heads % n_k_heads != 0
+            || d_inner % n_v_heads != 0
+        {
+            return Err(m.bad(
+                "ssm.group_count",
+                format!("{n_k_heads} key heads, {n_v_heads} value heads, inner size {d_inner}: value heads must be a multiple of key heads and divide the inner size"),
+            ));
+        }
+        let n_head_kv = m.usize_or("attention.head_count_kv", n_head)?;
+        if n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(m.bad(
+                "attention.head_count_kv",
+                format!("{n_head_kv} does not divide {n_head} heads"),
+            ));
+        }
+        let n_expert = m.usize_or("expert_count", 0)?;
+        let ff_dense = m.usize_or("feed_forward_length", 0)?;
+        let n_expert_used = m.usize_or("expert_used_count", 0)?;
+        Ok(Config {
+            n_layer,
+            n_embd,
+            n_vocab: common::vocab_size(file, n_embd)?,
+            context_length: m.usize_or("context_length", 4096)?,
+            eps: m.f32_or("attention.layer_norm_rms_epsilon", 1e-6)?,
+            n_head,
+            n_head_kv,
+            head_dim,
+            rope_base: m.f32_or("rope.freq_base", 10000.0)?,
+            n_rot: m.usize_or("rope.dimension_count", head_dim)?,
+            n_expert,
+            n_expert_used,
+            ff_expert: m.usize_or(
+                "expert_feed_forward_length",
+                ff_dense / n_expert_used.max(1),
+            )?,
+            ff_shared: m.usize_or("expert_shared_feed_forward_length", 0)?,
+            ff_dense,
+            conv_kernel: m.usize("ssm.conv_kernel")?,
+            n_k_heads,
+            n_v_heads,
+            head_k_dim: m.usize("ssm.state_size")?,
+            head_v_dim: d_inner / n_v_heads,
+            recurrent,
+        })
+    }
+
+    pub fn deltanet(&self) -> DeltaNetParams {
+        DeltaNetParams {
+            shape: GdnShape {
+                n_k_heads: self.n_k_heads,
+                n_v_heads: self.n_v_heads,
+                dk: self.head_k_dim,
+                dv: self.head_v_dim,
+            },
+            conv_kernel: self.conv_kernel,
+            eps: self.eps,
+        }
+    }
+
+    pub fn attention(&self) -> AttnParams {
+        AttnParams {
+            shape: AttnShape {
+                n_head: self.n_head,
+                n_kv_head: self.n_head_kv,
+                head_dim: self.head_dim,
+            },
+            rope: Rope::new(self.n_rot, self.rope_base),
+            eps: self.eps,
+            scale: 1.0 / (self.head_dim as f32).sqrt(),
+        }
+    }
+}
+
+/// The token mixer of one layer.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Mixer {
+    Attention(AttnWeights),
+    DeltaNet(DeltaNetWeights),
+}
+
+/// The feed-forward part of one layer. (Built once per layer at load, so
+/// the size difference of the variants does not matter.)
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Ffn {
+    Moe(MoeWeights),
+    Dense(DenseFfn),
+}
+
+#[derive(Debug)]
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub post_norm: Vec<f32>,
+    pub mixer: Mixer,
+    pub ffn: Ffn,
+}
+
+/// A loaded Qwen3-Next.
+#[derive(Debug)]
+pub struct Qwen3Next {
+    pub cfg: Config,
+    pub tok_embd: Weight,
+    pub output_norm: Vec<f32>,
+    pub output: Weight,
+    pub layers: Vec<Layer>,
+    attn: AttnParams,
+    dn: DeltaNetParams,
+}
+
+fn load_attention(f: &GgufFile, c: &Config, i: usize) -> Result<AttnWeights, ModelError> {
+    let (d, hd) = (c.n_embd, c.head_dim);
+    Ok(AttnWeights {
+        wq: Weight::require(f, S::req(blk(i, "attn_q.weight"), &[d, hd * c.n_head * 2]))?,
+        wk: Weight::require(f, S::req(blk(i, "attn_k.weight"), &[d, hd * c.n_head_kv]))?,
+        wv: Weight::require(f, S::req(blk(i, "attn_v.weight"), &[d, hd * c.n_head_kv]))?,
+        wo: Weight::require(f, S::req(blk(i, "attn_output.weight"), &[hd * c.n_head, d]))?,
+        bq: None,
+        bk: None,
+        bv: None,
+        q_norm: Some(load_f32(f, S::req(blk(i, "attn_q_norm.weight"), &[hd]))?),
+        k_norm: Some(load_f32(f, S::req(blk(i, "attn_k_norm.weight"), &[hd]))?),
+        gated: true,
+    })
+}
+
+fn load_deltanet(
+    f: &GgufFile,
+    c: &Config,
+    p: &DeltaNetParams,
+    i: usize,
+) -> Result<DeltaNetWeights, ModelError> {
+    let (d, kd, vd, nv) = (c.n_embd, p.key_dim(), p.value_dim(), c.n_v_heads);
+    let qkv = Weight::load(f, &S::opt(blk(i, "attn_qkv.weight"), &[d, 2 * kd + vd]))?;
+    let gate = Weight::load(f, &S::opt(blk(i, "attn_gate.weight"), &[d, vd]))?;
+    let in_proj = match (qkv, gate) {
+        (Some(qkv), Some(gate)) => InProj::Split { qkv, gate },
+        (None, None) => InProj::Fused(Weight::require(
+            f,
+            S::req(blk(i, "ssm_in.weight"), &[d, 2 * kd + 2 * vd]),
+        )?),
+        _ => return Err(ModelError::Layer {
+            layer: i,
+            what: "has only one of attn_qkv and attn_gate (both, or the legacy ssm_in, are needed)"
+                .into(),
+        }),
+    };
+    Ok(DeltaNetWeights {
+        in_proj,
+        ba: Weight::require(f, S::req(blk(i, "ssm_ba.weight"), &[d, 2 * nv]))?,
+        conv: load_f32(
+            f,
+            S::req(blk(i, "ssm_conv1d.weight"), &[c.conv_kernel, p.conv_dim()]),
+        )?,
+        dt_bias: load_f32(f, S::req(blk(i, "ssm_dt.bias"), &[nv]))?,
+        ssm_a: load_f32(f, S::req(blk(i, "ssm_a"), &[nv]))?,
+        norm: load_f32(f, S::req(blk(i, "ssm_norm.weight"), &[c.head_v_dim]))?,
+        out: Weight::require(f, S::req(blk(i, "ssm_out.weight"), &[vd, d]))?,
+    })
+}
+
+fn load_ffn(f: &GgufFile, c: &Config, i: usize) -> Result<Ffn, ModelError> {
+    let (d, e, ff) = (c.n_embd, c.n_expert, c.ff_expert);
+    let router = Weight::load(f, &S::opt(blk(i, "ffn_gate_inp.weight"), &[d, e]))?;
+    let Some(router) = router else {
+        return Ok(Ffn::Dense(common::load_dense_ffn(f, i, d, c.ff_dense)?));
+    };
+    if c.n_expert_used == 0 || c.n_expert_used > e {
+        return Err(ModelError::Metadata {
+            key: "qwen3next.expert_used_count".into(),
+            what: format!("{} experts used of {e}", c.n_expert_used),
+        });
+    }
+    let gate_up = match Weight::load(
+        f,
+        &S::opt(blk(i, "ffn_gate_up_exps.weight"), &[d, 2 * ff, e]),
+    )? {
+        Some(gu) => ExpertsGateUp::Merged(gu),
+        None => ExpertsGateUp::Separate {
+            gate: Weight::require(f, S::req(blk(i, "ffn_gate_exps.weight"), &[d, ff, e]))?,
+            up: Weight::require(f, S::req(blk(i, "ffn_up_exps.weight"), &[d, ff, e]))?,
+        },
+    };
+    let fs = c.ff_shared;
+    let shared = if f.tensor_info(&blk(i, "ffn_up_shexp.weight")).is_some() {
+        Some(common::load_dense_ffn_named(f, i, d, fs, "shexp")?)
+    } else {
+        None
+    };
+    Ok(Ffn::Moe(MoeWeights {
+        router,
+        gate_up,
+        down: Weight::require(f, S::req(blk(i, "ffn_down_exps.weight"), &[ff, d, e]))?,
+        n_expert: e,
+        n_used: c.n_expert_used,
+        ff,
+        norm_topk: true,
+        shared_gate: Weight::load(f, &S::opt(blk(i, "ffn_gate_inp_shexp.weight"), &[d]))?,
+        shared,
+    }))
+}
+
+impl Qwen3Next {
+    pub fn load(f: &GgufFile) -> Result<Qwen3Next, ModelError> {
+        let c = Config::from_gguf(f)?;
+        let dn = c.deltanet();
+        let d = c.n_embd;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let mixer = if c.recurrent[i] {
+                Mixer::DeltaNet(load_deltanet(f, &c, &dn, i)?)
+            } else {
+                Mixer::Attention(load_attention(f, &c, i)?)
+            };
+            layers.push(Layer {
+                attn_norm: load_f32(f, S::req(blk(i, "attn_norm.weight"), &[d]))?,
+                post_norm: load_f32(f, S::req(blk(i, "post_attention_norm.weight"), &[d]))?,
+                mixer,
+                ffn: load_ffn(f, &c, i)?,
+            });
+        }
+        let (tok_embd, output_norm, output) = common::load_embd_head(f, d, c.n_vocab)?;
+        let m = Qwen3Next {
+            attn: c.attention(),
+            dn,
+            cfg: c,
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+        };
+        m.check_types()?;
+        Ok(m)
+    }
+
+    fn check_types(&self) -> Result<(), ModelError> {
+        let mut ws: Vec<&Weight> = vec![&self.output];
+        for l in &self.layers {
+            match &l.mixer {
+                Mixer::Attention(a) => ws.extend([&a.wq, &a.wk, &a.wv, &a.wo]),
+                Mixer::DeltaNet(n) => {
+                    ws.extend([&n.ba, &n.out]);
+                    match &n.in_proj {
+                        InProj::Split { qkv, gate } => ws.extend([qkv, gate]),
+                        InProj::Fused(w) => ws.push(w),
+                    }
+                }
+            }
+            match &l.ffn {
+                Ffn::Dense(fd) => ws.extend([&fd.gate, &fd.up, &fd.down]),
+                Ffn::Moe(m) => {
+                    ws.extend([&m.router, &m.down]);
+                    match &m.gate_up {
+                        ExpertsGateUp::Separate { gate, up } => ws.extend([gate, up]),
+                        ExpertsGateUp::Merged(w) => ws.push(w),
+                    }
+                    if let Some(s) = &m.shared {
+                        ws.extend([&s.gate, &s.up, &s.down]);
+                    }
+                    ws.extend(m.shared_gate.iter());
+                }
+            }
+        }
+        ws.iter().try_for_each(|w| w.check_matmul_type())
+    }
+
+    /// A fresh state per layer, matching its mixer.
+    pub fn new_states(&self) -> Vec<LayerState> {
+        self.layers
+            .iter()
+            .map(|l| match l.mixer {
+                Mixer::Attention(_) => LayerState::Kv(Default::default()),
+                Mixer::DeltaNet(_) => {
+                    LayerState::Recurrent(deltanet::RecurrentState::new(&self.dn))
+                }
+            })
+            .collect()
+    }
+
+    /// Run the layers over `n` embedded tokens `x` at positions `pos0..`;
+    /// returns the final-normed hidden states and the routes per layer.
+    pub fn forward_hidden(
+        &self,
+        ex: &Exec,
+        states: &mut [LayerState],
+        mut x: Vec<f32>,
+        n: usize,
+        pos0: usize,
+        trace: &mut Trace,
+    ) -> Result<(Vec<f32>, Vec<Vec<Route>>), ModelError> {
+        let c = &self.cfg;
+        let mut all_routes = Vec::with_capacity(c.n_layer);
+        for (i, (l, st)) in self.layers.iter().zip(states.iter_mut()).enumerate() {
+            let t = Some(i);
+            let mut h = x.clone();
+            rms_norm(&mut h, &l.attn_norm, c.eps);
+            trace.record(t, "attn_norm", n, &h);
+            let mixed = match (&l.mixer, st) {
+                (Mixer::Attention(w), LayerState::Kv(kv)) => {
+                    attention::forward(ex, w, &self.attn, &h, n, pos0, kv, trace, i)?
+                }
+                (Mixer::DeltaNet(w), LayerState::Recurrent(rs)) => {
+                    deltanet::forward(ex, w, &self.dn, &h, n, rs, trace, i)?
+                }
+                _ => {
+                    return Err(ModelError::Layer {
+                        layer: i,
+                        what: "session state does not match the layer kind".into(),
+                    })
+                }
+            };
+            add_inplace(&mut x, &mixed);
+            trace.record(t, "attn_residual", n, &x);
+            let mut h = x.clone();
+            rms_norm(&mut h, &l.post_norm, c.eps);
+            trace.record(t, "attn_post_norm", n, &h);
+            let y = match &l.ffn {
+                Ffn::Moe(m) => {
+                    let (y, routes) = m.forward(ex, &h, n, trace, i)?;
+                    all_routes.push(routes);
+                    y
+                }
+                Ffn::Dense(fd) => {
+                    all_routes.push(Vec::new());
+                    fd.forward(ex, &h, n)?
+                }
+            };
+            trace.record(t, "ffn_out", n, &y);
+            add_inplace(&mut x, &y);
+            trace.record(t, "l_out", n, &x);
+        }
+        rms_norm(&mut x, &self.output_norm, c.eps);
+        trace.record(None, "result_norm", n, &x);
+        Ok((x, all_routes))
+    }
+}

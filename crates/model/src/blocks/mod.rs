@@ -1,0 +1,5 @@
+//! Blocks shared by architectures: attention, Gated DeltaNet, MoE and dense FFN.
+
+pub mod attention;
+pub mod deltanet;
+pub mod moe;

@@ -1,0 +1,42 @@
+use redlite_gguf::{GgmlType, GgufError};
+
+/// Errors of loading and running a model. Each names what it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Cpu(#[from] redlite_cpu::CpuError),
+    #[error("architecture `{0}` is not supported (supported: qwen3next)")]
+    UnsupportedArch(String),
+    #[error("metadata `{key}`: {what}")]
+    Metadata { key: String, what: String },
+    #[error("tensor `{name}` is missing (expected dims {expected:?})")]
+    MissingTensor { name: String, expected: Vec<u64> },
+    #[error("tensor `{name}`: expected dims {expected:?}, found {found:?}")]
+    TensorShape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    #[error("tensor `{name}`: type {ty} {what}")]
+    TensorType {
+        name: String,
+        ty: GgmlType,
+        what: String,
+    },
+    #[error("layer {layer}: {what}")]
+    Layer { layer: usize, what: String },
+    #[error(
+        "context overflow: {pos} positions used + {n_tokens} new tokens > context length {ctx_len}"
+    )]
+    ContextOverflow {
+        pos: usize,
+        n_tokens: usize,
+        ctx_len: usize,
+    },
+    #[error("token id {token} is outside the vocabulary of {n_vocab}")]
+    BadToken { token: u32, n_vocab: usize },
+    #[error("empty token list")]
+    NoTokens,
+}

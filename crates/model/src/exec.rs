@@ -1,0 +1,97 @@
+//! The stages the architectures ask for, run on the CPU kernels.
+//!
+//! Architectures call these and never branch on the backend or on the path:
+//! the reference/fast switch lives here. Reference: rows dequantized and
+//! dotted in f64, attention in f64, the DeltaNet token by token. Fast:
+//! quantized rows read in place, threaded, GEMM-shaped batches, chunked
+//! DeltaNet.
+
+use crate::weights::Weight;
+use crate::ModelError;
+use redlite_cpu::attention::{causal_attention, causal_attention_reference, AttnShape};
+use redlite_cpu::deltanet::{gdn_chunked, gdn_recurrent, GdnInputs, GdnShape};
+use redlite_cpu::matmul::{matmul, matmul_reference};
+use redlite_cpu::Pool;
+use redlite_gguf::GgufFile;
+
+/// Chunk length of the chunked DeltaNet prefill.
+pub const GDN_CHUNK: usize = 64;
+
+/// One forward's execution context.
+pub struct Exec<'a> {
+    pub file: &'a GgufFile,
+    pub pool: &'a Pool,
+    pub reference: bool,
+}
+
+impl Exec<'_> {
+    /// `W · x` for `n` tokens: `n × rows` out.
+    pub fn linear(&self, w: &Weight, xs: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+        let m = w.matrix(self.file)?;
+        self.run(&m, xs, n)
+    }
+
+    /// Rows `row0..row0+nrows` of `w` (one expert of a stacked tensor).
+    pub fn linear_rows(
+        &self,
+        w: &Weight,
+        row0: usize,
+        nrows: usize,
+        xs: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let m = w.matrix(self.file)?.sub_rows(row0, nrows);
+        self.run(&m, xs, n)
+    }
+
+    fn run(&self, m: &redlite_cpu::QMatrix, xs: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+        let mut ys = vec![0f32; n * m.rows];
+        if self.reference {
+            matmul_reference(m, xs, n, &mut ys)?;
+        } else {
+            matmul(self.pool, m, xs, n, &mut ys)?;
+        }
+        Ok(ys)
+    }
+
+    /// Causal GQA attention of `n_tok` queries at positions `pos0..` over
+    /// the cache.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        shape: &AttnShape,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        pos0: usize,
+        n_tok: usize,
+        scale: f32,
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut out = vec![0f32; q.len()];
+        if self.reference {
+            causal_attention_reference(shape, q, k_cache, v_cache, pos0, n_tok, scale, &mut out)?;
+        } else {
+            causal_attention(
+                self.pool, shape, q, k_cache, v_cache, pos0, n_tok, scale, &mut out,
+            )?;
+        }
+        Ok(out)
+    }
+
+    /// The Gated DeltaNet scan over a batch; updates `state`.
+    pub fn gdn(
+        &self,
+        shape: &GdnShape,
+        x: &GdnInputs,
+        state: &mut [f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut out = vec![0f32; x.v.len()];
+        let t = x.g.len() / shape.n_v_heads.max(1);
+        if self.reference || t == 1 {
+            gdn_recurrent(self.pool, shape, x, state, &mut out)?;
+        } else {
+            gdn_chunked(self.pool, shape, x, state, &mut out, GDN_CHUNK)?;
+        }
+        Ok(out)
+    }
+}

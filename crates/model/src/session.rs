@@ -1,0 +1,139 @@
+//! A sequence's state (KV caches and DeltaNet states) and the forward call.
+
+use crate::arch::common::embed;
+use crate::blocks::attention::KvCache;
+use crate::blocks::deltanet::RecurrentState;
+use crate::blocks::moe::Route;
+use crate::trace::Trace;
+use crate::{Model, ModelError};
+
+/// The state of one layer, matching its mixer.
+#[derive(Clone, Debug)]
+pub enum LayerState {
+    Kv(KvCache),
+    Recurrent(RecurrentState),
+}
+
+/// Which logits a forward returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// The last token's: `n_vocab` values.
+    Last,
+    /// Every token's: `n_tokens × n_vocab` values, token-major.
+    All,
+}
+
+/// One sequence.
+#[derive(Clone, Debug)]
+pub struct Session {
+    states: Vec<LayerState>,
+    pos: usize,
+    ctx_len: usize,
+    /// The trace recorder (off unless [`Session::enable_trace`]).
+    pub trace: Trace,
+    routes: Vec<Vec<Route>>,
+}
+
+impl Session {
+    pub(crate) fn new(states: Vec<LayerState>, ctx_len: usize) -> Session {
+        Session {
+            states,
+            pos: 0,
+            ctx_len,
+            trace: Trace::default(),
+            routes: Vec::new(),
+        }
+    }
+
+    /// Positions used so far.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub fn ctx_len(&self) -> usize {
+        self.ctx_len
+    }
+
+    /// Forget everything: position 0, empty caches, zero states.
+    pub fn clear(&mut self) {
+        self.pos = 0;
+        self.routes.clear();
+        for s in &mut self.states {
+            match s {
+                LayerState::Kv(kv) => kv.clear(),
+                LayerState::Recurrent(r) => r.clear(),
+            }
+        }
+    }
+
+    /// Record named intermediates from now on.
+    pub fn enable_trace(&mut self) {
+        self.trace = Trace::enabled();
+    }
+
+    /// The experts chosen by the last forward: per layer (empty for dense
+    /// layers), per token of that forward, (expert, weight) pairs.
+    pub fn last_routes(&self) -> &[Vec<Route>] {
+        &self.routes
+    }
+
+    /// Run `tokens` (a prompt in batches of the model's `ubatch`, or one
+    /// token) and return the wanted logits.
+    pub fn forward(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::NoTokens);
+        }
+        if self.pos + tokens.len() > self.ctx_len {
+            return Err(ModelError::ContextOverflow {
+                pos: self.pos,
+                n_tokens: tokens.len(),
+                ctx_len: self.ctx_len,
+            });
+        }
+        let n_vocab = model.n_vocab();
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ModelError::BadToken {
+                token: bad,
+                n_vocab,
+            });
+        }
+        let ex = model.exec();
+        let arch = model.arch();
+        let d = arch.n_embd();
+        let mut logits = Vec::new();
+        let mut routes: Vec<Vec<Route>> = vec![Vec::new(); arch.n_layer()];
+        let chunks: Vec<&[u32]> = tokens.chunks(model.ubatch()).collect();
+        for (ci, chunk) in chunks.iter().enumerate() {
+            let n = chunk.len();
+            let x = embed(model.file(), arch.tok_embd(), chunk)?;
+            self.trace.record(None, "inp_embd", n, &x);
+            let (h, r) =
+                arch.forward_hidden(&ex, &mut self.states, x, n, self.pos, &mut self.trace)?;
+            for (acc, lr) in routes.iter_mut().zip(r) {
+                acc.extend(lr);
+            }
+            self.pos += n;
+            let last_chunk = ci + 1 == chunks.len();
+            match want {
+                Logits::All => {
+                    let l = ex.linear(arch.output(), &h, n)?;
+                    self.trace.record(None, "result_output", n, &l);
+                    logits.extend(l);
+                }
+                Logits::Last if last_chunk => {
+                    let l = ex.linear(arch.output(), &h[(n - 1) * d..], 1)?;
+                    self.trace.record(None, "result_output", 1, &l);
+                    logits = l;
+                }
+                Logits::Last => {}
+            }
+        }
+        self.routes = routes;
+        Ok(logits)
+    }
+}
