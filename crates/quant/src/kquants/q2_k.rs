@@ -79,7 +79,7 @@ mod avx2 {
     use crate::legacy::x86::*;
     use core::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q2_k(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockQ2K>(row);
         let y = cast_blocks::<BlockQ8K>(act);
@@ -115,12 +115,12 @@ mod avx2 {
             }
             let dy = b.d();
             acc = _mm256_fmadd_ps(
-                _mm256_set1_ps(dy * f16_le(a.d)),
+                _mm256_set1_ps(dy * f16c(a.d)),
                 _mm256_cvtepi32_ps(isum),
                 acc,
             );
             accm = _mm256_fmadd_ps(
-                _mm256_set1_ps(dy * f16_le(a.dmin)),
+                _mm256_set1_ps(dy * f16c(a.dmin)),
                 _mm256_cvtepi32_ps(summs),
                 accm,
             );

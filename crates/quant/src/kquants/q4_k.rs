@@ -167,7 +167,7 @@ pub(crate) mod avx2 {
 
     /// `Σ_s m[s]·(bsum[2s] + bsum[2s+1])` as 8 i32 lanes (lane s).
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn mins_dot(m: &[u8; 8], b: &BlockQ8K) -> __m256i {
         // SAFETY: `bsums` is 32 readable bytes, `m` 8.
         let (bs, m8) = unsafe { (load32(b.bsums.as_ptr()), _mm_loadl_epi64(m.as_ptr().cast())) };
@@ -175,7 +175,7 @@ pub(crate) mod avx2 {
         _mm256_mullo_epi32(pair, _mm256_cvtepu8_epi32(m8))
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q4_k(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockQ4K>(row);
         let y = cast_blocks::<BlockQ8K>(act);
@@ -211,12 +211,12 @@ pub(crate) mod avx2 {
             }
             let dy = b.d();
             acc = _mm256_fmadd_ps(
-                _mm256_set1_ps(f16_le(a.d) * dy),
+                _mm256_set1_ps(f16c(a.d) * dy),
                 _mm256_cvtepi32_ps(isum),
                 acc,
             );
             accm = _mm256_fmadd_ps(
-                _mm256_set1_ps(f16_le(a.dmin) * dy),
+                _mm256_set1_ps(f16c(a.dmin) * dy),
                 _mm256_cvtepi32_ps(summs),
                 accm,
             );

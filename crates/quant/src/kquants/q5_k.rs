@@ -80,7 +80,7 @@ mod avx2 {
     use crate::legacy::x86::*;
     use core::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q5_k(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockQ5K>(row);
         let y = cast_blocks::<BlockQ8K>(act);
@@ -121,12 +121,12 @@ mod avx2 {
             }
             let dy = b.d();
             acc = _mm256_fmadd_ps(
-                _mm256_set1_ps(f16_le(a.d) * dy),
+                _mm256_set1_ps(f16c(a.d) * dy),
                 _mm256_cvtepi32_ps(isum),
                 acc,
             );
             accm = _mm256_fmadd_ps(
-                _mm256_set1_ps(f16_le(a.dmin) * dy),
+                _mm256_set1_ps(f16c(a.dmin) * dy),
                 _mm256_cvtepi32_ps(summs),
                 accm,
             );

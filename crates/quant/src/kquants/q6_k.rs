@@ -134,7 +134,7 @@ mod avx2 {
     use crate::legacy::x86::*;
     use core::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q6_k(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockQ6K>(row);
         let y = cast_blocks::<BlockQ8K>(act);
@@ -191,7 +191,7 @@ mod avx2 {
                 }
             }
             acc = _mm256_fmadd_ps(
-                _mm256_set1_ps(f16_le(a.d) * b.d()),
+                _mm256_set1_ps(f16c(a.d) * b.d()),
                 _mm256_cvtepi32_ps(isum),
                 acc,
             );

@@ -6,7 +6,7 @@ use core::arch::x86_64::*;
 /// From 16 i16 group scales (lane 0: groups 0..8, lane 1: groups 8..16),
 /// the 8 scales of half `h` in both lanes.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn half_scales(sc16: __m256i, h: usize) -> __m256i {
     if h == 0 {
         _mm256_permute2x128_si256::<0x00>(sc16, sc16)
@@ -19,7 +19,7 @@ pub fn half_scales(sc16: __m256i, h: usize) -> __m256i {
 /// `(2j, 2j+1)`: lane 0 all `s[2j]`, lane 1 all `s[2j+1]` (as i16), ready
 /// for `madd` against the `maddubs` output of 32 elements.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn pair_scales(half: __m256i, j: usize) -> __m256i {
     let base = _mm256_setr_epi8(
         0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
@@ -31,7 +31,7 @@ pub fn pair_scales(half: __m256i, j: usize) -> __m256i {
 
 /// Shift every 16-bit lane right by `n` bits (run-time count).
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn srl16(v: __m256i, n: usize) -> __m256i {
     _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32))
 }

@@ -130,7 +130,7 @@ mod avx2 {
     /// Shared driver: `load(i)` gives weights `8i..8i+8` as f32 lanes.
     /// Four independent accumulators hide FMA latency.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn dot_with(
         n: usize,
         act: &[u8],
@@ -164,7 +164,7 @@ mod avx2 {
         s
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_f32(row: &[u8], act: &[u8]) -> f32 {
         assert_eq!(row.len(), act.len(), "F32 dot: lengths");
         let n = row.len() / 4;
@@ -193,7 +193,7 @@ mod avx2 {
         )
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_bf16(row: &[u8], act: &[u8]) -> f32 {
         assert_eq!(row.len() * 2, act.len(), "BF16 dot: lengths");
         let n = row.len() / 2;

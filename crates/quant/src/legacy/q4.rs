@@ -175,7 +175,7 @@ mod avx2 {
     use crate::legacy::x86::*;
     use core::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q4_0(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockQ40>(row);
         let y = cast_blocks::<BlockQ80>(act);
@@ -186,13 +186,13 @@ mod avx2 {
             // SAFETY: `a.qs` is 16 readable bytes, `b.qs` 32.
             let (q, v) = unsafe { (nibbles_lo_hi(a.qs.as_ptr()), load32(b.qs.as_ptr().cast())) };
             let p = dot_i8_i8(_mm256_sub_epi8(q, eight), v);
-            let d = _mm256_set1_ps(f16_le(a.d) * b.d());
+            let d = _mm256_set1_ps(f16c_mul(a.d, b.d));
             acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
         }
         hsum_ps(acc)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q4_1(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockQ41>(row);
         let y = cast_blocks::<BlockQ80>(act);
@@ -205,13 +205,9 @@ mod avx2 {
             let (q, v) = unsafe { (nibbles_lo_hi(a.qs.as_ptr()), load32(b.qs.as_ptr().cast())) };
             let p = dot_u8_i8(q, v);
             let s = dot_u8_i8(ones, v);
-            let dy = b.d();
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_le(a.d) * dy), _mm256_cvtepi32_ps(p), acc);
-            accm = _mm256_fmadd_ps(
-                _mm256_set1_ps(f16_le(a.m) * dy),
-                _mm256_cvtepi32_ps(s),
-                accm,
-            );
+            let dy = f16c(b.d);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16c(a.d) * dy), _mm256_cvtepi32_ps(p), acc);
+            accm = _mm256_fmadd_ps(_mm256_set1_ps(f16c(a.m) * dy), _mm256_cvtepi32_ps(s), accm);
         }
         hsum_ps(_mm256_add_ps(acc, accm))
     }

@@ -165,7 +165,7 @@ mod avx2 {
     use crate::legacy::x86::*;
     use core::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q5_0(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockQ50>(row);
         let y = cast_blocks::<BlockQ80>(act);
@@ -180,13 +180,13 @@ mod avx2 {
             let bits = bits_to_bytes(u32::from_le_bytes(a.qh));
             let q = _mm256_or_si256(q, _mm256_andnot_si256(bits, hi));
             let p = dot_i8_i8(q, v);
-            let d = _mm256_set1_ps(f16_le(a.d) * b.d());
+            let d = _mm256_set1_ps(f16c_mul(a.d, b.d));
             acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
         }
         hsum_ps(acc)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q5_1(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockQ51>(row);
         let y = cast_blocks::<BlockQ80>(act);
@@ -202,13 +202,9 @@ mod avx2 {
             let q = _mm256_or_si256(q, _mm256_and_si256(bits, b4));
             let p = dot_u8_i8(q, v);
             let s = dot_u8_i8(ones, v);
-            let dy = b.d();
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_le(a.d) * dy), _mm256_cvtepi32_ps(p), acc);
-            accm = _mm256_fmadd_ps(
-                _mm256_set1_ps(f16_le(a.m) * dy),
-                _mm256_cvtepi32_ps(s),
-                accm,
-            );
+            let dy = f16c(b.d);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16c(a.d) * dy), _mm256_cvtepi32_ps(p), acc);
+            accm = _mm256_fmadd_ps(_mm256_set1_ps(f16c(a.m) * dy), _mm256_cvtepi32_ps(s), accm);
         }
         hsum_ps(_mm256_add_ps(acc, accm))
     }

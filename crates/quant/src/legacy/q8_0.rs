@@ -96,7 +96,7 @@ mod avx2 {
     use crate::legacy::x86::*;
     use core::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q8_0(row: &[u8], act: &[u8]) -> f32 {
         let x = cast_blocks::<BlockQ80>(row);
         let y = cast_blocks::<BlockQ80>(act);
@@ -114,8 +114,8 @@ mod avx2 {
                     load32(yp[1].qs.as_ptr().cast()),
                 )
             };
-            let d0 = _mm256_set1_ps(xp[0].d() * yp[0].d());
-            let d1 = _mm256_set1_ps(xp[1].d() * yp[1].d());
+            let d0 = _mm256_set1_ps(f16c_mul(xp[0].d, yp[0].d));
+            let d1 = _mm256_set1_ps(f16c_mul(xp[1].d, yp[1].d));
             acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(dot_i8_i8(x0, y0)), acc0);
             acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(dot_i8_i8(x1, y1)), acc1);
         }
@@ -123,7 +123,7 @@ mod avx2 {
         for (a, b) in xr.iter().zip(yr) {
             // SAFETY: each `qs` is 32 readable bytes.
             let (xv, yv) = unsafe { (load32(a.qs.as_ptr().cast()), load32(b.qs.as_ptr().cast())) };
-            let d = _mm256_set1_ps(a.d() * b.d());
+            let d = _mm256_set1_ps(f16c_mul(a.d, b.d));
             acc0 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_i8(xv, yv)), acc0);
         }
         hsum_ps(_mm256_add_ps(acc0, acc1))

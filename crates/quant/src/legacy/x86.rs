@@ -3,15 +3,36 @@
 
 use core::arch::x86_64::*;
 
-/// Whether the AVX2 + FMA kernels can run on this machine (cached by std).
+/// Whether the AVX2 kernels (which also use FMA and F16C) can run on this
+/// machine (cached by std).
 #[inline(always)]
 pub fn has_avx2_fma() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// One f16 (LE bytes) to f32 with the F16C instruction.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn f16c(b: [u8; 2]) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(
+        _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
+    ))
+}
+
+/// Product of two f16 values (LE bytes), converted together with F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn f16c_mul(a: [u8; 2], b: [u8; 2]) -> f32 {
+    let bits = u16::from_le_bytes(a) as u32 | ((u16::from_le_bytes(b) as u32) << 16);
+    let f = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+    _mm_cvtss_f32(_mm_mul_ss(f, _mm_movehdup_ps(f)))
 }
 
 /// Sum of the 8 lanes.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn hsum_ps(v: __m256) -> f32 {
     let lo = _mm256_castps256_ps128(v);
     let hi = _mm256_extractf128_ps::<1>(v);
@@ -27,7 +48,7 @@ pub fn hsum_ps(v: __m256) -> f32 {
 /// has no -128 (our activation quantizers never produce it); `x` may hold
 /// any value.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
     let ax = _mm256_sign_epi8(x, x);
     let sy = _mm256_sign_epi8(y, x);
@@ -38,7 +59,7 @@ pub fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
 /// Unsigned (`x` ≤ 127 per byte in pairs so i16 cannot saturate: callers
 /// keep `x` ≤ 63) × signed byte dot into 8 i32 lanes.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_u8_i8(x: __m256i, y: __m256i) -> __m256i {
     let p16 = _mm256_maddubs_epi16(x, y);
     _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
@@ -47,7 +68,7 @@ pub fn dot_u8_i8(x: __m256i, y: __m256i) -> __m256i {
 /// Expand the 32 bits of `bits` to 32 bytes: byte `j` is 0xFF when bit `j`
 /// is set, else 0.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn bits_to_bytes(bits: u32) -> __m256i {
     let v = _mm256_set1_epi32(bits as i32);
     // Byte j takes source byte j / 8.
@@ -66,7 +87,7 @@ pub fn bits_to_bytes(bits: u32) -> __m256i {
 /// # Safety
 /// `p` must be valid for reading 16 bytes (any alignment).
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn nibbles_lo_hi(p: *const u8) -> __m256i {
     // SAFETY: caller guarantees 16 readable bytes; loadu has no alignment need.
     let q = unsafe { _mm_loadu_si128(p.cast()) };
@@ -79,7 +100,7 @@ pub unsafe fn nibbles_lo_hi(p: *const u8) -> __m256i {
 /// # Safety
 /// `p` must be valid for reading 32 bytes.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn load32(p: *const u8) -> __m256i {
     // SAFETY: caller guarantees 32 readable bytes; loadu has no alignment need.
     unsafe { _mm256_loadu_si256(p.cast()) }
