@@ -1,4 +1,6 @@
 //! The logic behind the `redlite` command, kept in a library so tests reach it.
 
+pub mod generate;
 pub mod inspect;
+pub mod memory;
 pub mod quantbench;

@@ -1,6 +1,6 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use redlite_cli::{inspect, quantbench};
+use redlite_cli::{generate, inspect, quantbench};
 use redlite_gguf::{GgmlType, GgufFile};
 use std::path::PathBuf;
 
@@ -27,6 +27,19 @@ enum Command {
         /// Write --tensor dequantized as raw little-endian f32, GGUF element order.
         #[arg(long, requires = "tensor")]
         dump: Option<PathBuf>,
+    },
+    /// Generate text (or token ids) from a prompt, streamed to stdout; logs and speed go to stderr.
+    Generate(generate::GenerateArgs),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize {
+        /// The GGUF model file (its tokenizer is used).
+        #[arg(short, long)]
+        model: PathBuf,
+        /// Treat special-token text such as <|im_start|> as plain text.
+        #[arg(long)]
+        no_special: bool,
+        /// The text.
+        text: String,
     },
     /// Benchmarks.
     Bench {
@@ -81,6 +94,17 @@ fn main() -> Result<()> {
             } else {
                 print!("{}", inspect::report(&gguf, all));
             }
+        }
+        Command::Generate(args) => generate::run(args)?,
+        Command::Tokenize {
+            model,
+            no_special,
+            text,
+        } => {
+            println!(
+                "{}",
+                serde_json::to_string(&generate::tokenize(&model, &text, no_special)?)?
+            );
         }
         Command::Bench {
             what:

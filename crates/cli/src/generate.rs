@@ -1,0 +1,384 @@
+//! `redlite generate`: prompt in, tokens out, streamed.
+
+use crate::memory;
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use redlite_gguf::GgufFile;
+use redlite_model::sample::{Sampler, SamplerConfig};
+use redlite_model::{LoadOptions, Logits, Model};
+use redlite_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Everything `redlite generate` takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct GenerateArgs {
+    /// The GGUF model file.
+    #[arg(short, long)]
+    pub model: PathBuf,
+    /// The prompt text.
+    #[arg(short, long, conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// The prompt as token ids (comma-separated), bypassing the tokenizer.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Wrap the prompt in the model's chat template (the default when the file has one).
+    #[arg(long, conflicts_with = "raw")]
+    pub chat: bool,
+    /// Use the prompt as it is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// A system message for --chat.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Pass enable_thinking to the chat template.
+    #[arg(long)]
+    pub think: Option<bool>,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Keep the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Nucleus sampling mass (1: off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min-p times the most likely (0: off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalty for repeating recent tokens (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// How many recent tokens the repeat penalty looks at.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// RNG seed (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Context size in tokens (0: the model's trained context).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Worker threads (default: all cores).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+    /// Tokens per prompt batch.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+    /// Print the generated token ids as a JSON array on stdout instead of text.
+    #[arg(long)]
+    pub print_ids: bool,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Run the float reference path instead of the fast path.
+    #[arg(long)]
+    pub reference: bool,
+    /// Write the logits of every prompt position and every generated token as little-endian f32 (rows of n_vocab).
+    #[arg(long)]
+    pub dump_logits: Option<PathBuf>,
+    /// Write every named intermediate of the prompt pass (layer, stage) as JSON lines to this file.
+    #[arg(long)]
+    pub dump_trace: Option<PathBuf>,
+    /// Skip touching every weight page before the first token.
+    #[arg(long)]
+    pub no_warmup: bool,
+}
+
+/// Touch every page of the tensor data so the first token is not timed on
+/// page faults, with a progress bar: the loading step of a mapped model.
+fn warm_pages(file: &GgufFile) {
+    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut sink = 0u8;
+    for t in file.tensors() {
+        if let Ok(v) = file.tensor(&t.name) {
+            for chunk in v.data.chunks(1 << 20) {
+                for page in chunk.iter().step_by(4096) {
+                    sink = sink.wrapping_add(*page);
+                }
+                bar.inc(chunk.len() as u64);
+            }
+        }
+    }
+    std::hint::black_box(sink);
+    bar.finish_and_clear();
+}
+
+pub fn run(args: GenerateArgs) -> Result<()> {
+    let path = &args.model;
+    let file = GgufFile::open(path).with_context(|| format!("opening model {}", path.display()))?;
+    let file = Arc::new(file);
+    let model = Model::load(
+        file.clone(),
+        LoadOptions {
+            threads: args.threads,
+            reference: args.reference,
+            ubatch: args.batch_size,
+        },
+    )
+    .with_context(|| format!("loading model {}", path.display()))?;
+
+    // Memory: weights are mapped from the file (the page cache holds what is
+    // touched); the session's caches are allocated here.
+    let ctx = if args.ctx_size == 0 {
+        model.arch().context_length()
+    } else {
+        args.ctx_size
+    };
+    let weights: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    let session_bytes = session_bytes(&model, ctx);
+    let avail = memory::available_bytes();
+    eprintln!(
+        "redlite: {} ({}), {} layers, {} threads, {} path | resident: weights {} mapped from the file, KV + recurrent state {} for {} positions | available {}",
+        path.display(),
+        model.arch().name(),
+        model.arch().n_layer(),
+        model.threads(),
+        if model.is_reference() { "reference" } else { "fast" },
+        memory::human(weights),
+        memory::human(session_bytes),
+        ctx,
+        avail.map_or("unknown".into(), memory::human),
+    );
+    if let Some(avail) = avail {
+        if session_bytes > avail {
+            bail!(
+                "the session needs {} for {ctx} positions but only {} is available: lower --ctx-size",
+                memory::human(session_bytes),
+                memory::human(avail)
+            );
+        }
+        if weights + session_bytes > avail {
+            eprintln!(
+                "redlite: warning: weights + state ({}) exceed available memory ({}): pages will be read from disk as needed (slow) until the expert cache lands",
+                memory::human(weights + session_bytes),
+                memory::human(avail)
+            );
+        }
+    }
+
+    let tokenizer = Tokenizer::from_gguf(file.metadata());
+    let prompt: Vec<u32> = if let Some(ids) = &args.prompt_ids {
+        ids.clone()
+    } else {
+        let text = args
+            .prompt
+            .clone()
+            .context("give a prompt: -p TEXT or --prompt-ids 1,2,3")?;
+        let tok = tokenizer
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("this file's tokenizer")?;
+        let template = ChatTemplate::from_gguf(file.metadata()).ok();
+        let use_chat = !args.raw && (args.chat || template.is_some());
+        let text = if use_chat {
+            let template = template.context("--chat: this file has no tokenizer.chat_template")?;
+            let mut messages = Vec::new();
+            if let Some(s) = &args.system {
+                messages.push(ChatMessage::system(s.clone()));
+            }
+            messages.push(ChatMessage::user(text));
+            template.render(&messages, None, true, args.think)?
+        } else {
+            text
+        };
+        let mut ids = Vec::new();
+        if tok.add_bos() {
+            ids.extend(tok.bos_id());
+        }
+        ids.extend(tok.encode(&text, true));
+        ids
+    };
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if prompt.len() + args.n_predict > ctx {
+        bail!(
+            "the prompt ({} tokens) plus -n {} exceeds the context of {ctx} tokens: raise --ctx-size or shorten the prompt",
+            prompt.len(),
+            args.n_predict
+        );
+    }
+    if !args.no_warmup {
+        warm_pages(&file);
+    }
+
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        seed,
+    });
+
+    let mut session = model.new_session(ctx);
+    if args.dump_trace.is_some() {
+        session.enable_trace();
+    }
+    let mut logit_dump = match &args.dump_logits {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let n_vocab = model.n_vocab();
+    let want = if logit_dump.is_some() {
+        Logits::All
+    } else {
+        Logits::Last
+    };
+    let t0 = Instant::now();
+    let mut logits = session.forward(&model, &prompt, want)?;
+    let prompt_secs = t0.elapsed().as_secs_f64();
+    if let Some(w) = logit_dump.as_mut() {
+        write_f32(w, &logits)?;
+    }
+    if want == Logits::All {
+        logits.drain(..logits.len() - n_vocab);
+    }
+    if let Some(p) = &args.dump_trace {
+        write_trace(p, &session.trace.take())?;
+    }
+
+    let mut history = prompt.clone();
+    let mut generated = Vec::new();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut decoder = tokenizer.as_ref().ok().map(|t| t.stream_decoder());
+    let t1 = Instant::now();
+    for i in 0..args.n_predict {
+        let next = sampler.sample(&logits, &history);
+        let eog = tokenizer.as_ref().is_ok_and(|t| t.is_eog(next));
+        if eog && !args.ignore_eos {
+            break;
+        }
+        generated.push(next);
+        history.push(next);
+        if !args.print_ids {
+            if let Some(d) = decoder.as_mut() {
+                let piece = d.push(next);
+                out.write_all(piece.as_bytes())?;
+                out.flush()?;
+            }
+        }
+        if i + 1 == args.n_predict {
+            break;
+        }
+        logits = session.forward(&model, &[next], Logits::Last)?;
+        if let Some(w) = logit_dump.as_mut() {
+            write_f32(w, &logits)?;
+        }
+    }
+    let decode_secs = t1.elapsed().as_secs_f64();
+    if args.print_ids {
+        writeln!(out, "{}", serde_json::to_string(&generated)?)?;
+    } else {
+        if let Some(d) = decoder.as_mut() {
+            out.write_all(d.finish().as_bytes())?;
+        }
+        writeln!(out)?;
+    }
+    if let Some(mut w) = logit_dump {
+        w.flush()?;
+    }
+    // Decode speed counts the forward passes after the first sampled token.
+    let decode_steps = generated.len().saturating_sub(1).max(1);
+    eprintln!(
+        "redlite: prompt {} tokens in {:.2} s ({:.1} tok/s) | decode {} tokens in {:.2} s ({:.1} tok/s)",
+        prompt.len(),
+        prompt_secs,
+        prompt.len() as f64 / prompt_secs.max(1e-9),
+        generated.len(),
+        decode_secs,
+        decode_steps as f64 / decode_secs.max(1e-9),
+    );
+    Ok(())
+}
+
+/// Bytes a session of `ctx` positions will hold: f32 K and V for every
+/// attention layer at every position, plus the fixed recurrent states.
+fn session_bytes(model: &Model, ctx: usize) -> u64 {
+    let meta = model.file().metadata();
+    let arch = model.arch().name();
+    let key = |k: &str| format!("{arch}.{k}");
+    let n_embd = meta.get_u64(&key("embedding_length")).unwrap_or(0);
+    let n_head = meta
+        .get_u64(&key("attention.head_count"))
+        .unwrap_or(1)
+        .max(1);
+    let n_kv = meta
+        .get_u64(&key("attention.head_count_kv"))
+        .unwrap_or(n_head);
+    let k_len = meta
+        .get_u64(&key("attention.key_length"))
+        .unwrap_or(n_embd / n_head);
+    let v_len = meta
+        .get_u64(&key("attention.value_length"))
+        .unwrap_or(n_embd / n_head);
+    let mut bytes = 0u64;
+    for state in model.arch().new_states() {
+        match state {
+            redlite_model::LayerState::Kv(_) => bytes += ctx as u64 * n_kv * (k_len + v_len) * 4,
+            redlite_model::LayerState::Recurrent(r) => {
+                bytes += (r.conv.len() + r.ssm.len()) as u64 * 4
+            }
+        }
+    }
+    bytes
+}
+
+fn write_f32(w: &mut impl Write, v: &[f32]) -> Result<()> {
+    let mut bytes = Vec::with_capacity(v.len() * 4);
+    for x in v {
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    w.write_all(&bytes)?;
+    Ok(())
+}
+
+fn write_trace(path: &PathBuf, records: &[redlite_model::trace::TraceRecord]) -> Result<()> {
+    let mut w = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    for r in records {
+        let line = serde_json::json!({
+            "layer": r.layer,
+            "name": r.name,
+            "n_tokens": r.n_tokens,
+            "data": r.data,
+        });
+        writeln!(w, "{line}")?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// `redlite tokenize`: the ids of a text as a JSON array.
+pub fn tokenize(model: &PathBuf, text: &str, no_special: bool) -> Result<Vec<u32>> {
+    let file =
+        GgufFile::open(model).with_context(|| format!("opening model {}", model.display()))?;
+    let tok = Tokenizer::from_gguf(file.metadata())
+        .with_context(|| format!("tokenizer of {}", model.display()))?;
+    let mut ids = Vec::new();
+    if tok.add_bos() {
+        ids.extend(tok.bos_id());
+    }
+    ids.extend(tok.encode(text, !no_special));
+    Ok(ids)
+}
