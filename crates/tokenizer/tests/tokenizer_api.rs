@@ -150,3 +150,90 @@ fn errors_name_the_key() {
     let e = Tokenizer::from_gguf(&m).unwrap_err();
     assert!(e.to_string().contains("tokenizer.ggml.merges"), "{e}");
 }
+
+/// Deterministic pseudo-random strings: no panics, exact round trips.
+#[test]
+fn random_strings_round_trip() {
+    let tok = common::qwen2();
+    let pool: Vec<&str> = vec![
+        "a",
+        "Z",
+        "é",
+        "ß",
+        "中",
+        "😀",
+        "👍🏽",
+        "\u{200d}",
+        "\u{fe0f}",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\r\n",
+        "\r",
+        "\u{a0}",
+        "\u{3000}",
+        "\u{85}",
+        "'",
+        "'s",
+        "'LL",
+        "1",
+        "٣",
+        "½",
+        "Ⅻ",
+        ".",
+        "!?",
+        "<",
+        "|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<tool_call>",
+        "<|endoftext|>",
+        "\u{0}",
+        "\u{7f}",
+        "\u{301}",
+        "\u{10ffff}",
+        "\u{fffd}",
+    ];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for _ in 0..2000 {
+        let n = (next() % 60) as usize;
+        let s: String = (0..n)
+            .map(|_| pool[(next() % pool.len() as u64) as usize])
+            .collect();
+        for special in [true, false] {
+            let ids = tok.encode(&s, special);
+            assert_eq!(tok.decode(&ids), s, "{s:?}");
+            assert!(ids.iter().all(|&i| (i as usize) < tok.vocab_size()));
+        }
+    }
+}
+
+#[test]
+fn long_single_pieces_are_fast_enough() {
+    let tok = common::qwen2();
+    for s in [
+        "中文".repeat(50_000),
+        " ".repeat(100_000),
+        "!".repeat(100_000),
+        "a".repeat(100_000),
+    ] {
+        let t = std::time::Instant::now();
+        let ids = tok.encode(&s, true);
+        assert!(t.elapsed().as_secs() < 10);
+        assert_eq!(tok.decode(&ids), s);
+    }
+}
+
+#[test]
+fn tokenizer_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Tokenizer>();
+    check::<redlite_tokenizer::ChatTemplate>();
+}
