@@ -12,6 +12,17 @@
 //! string key, `u32` type, value); tensor infos (name, `u32` n_dims, `u64`
 //! dims, `u32` ggml type, `u64` offset); padding to `general.alignment`
 //! (default 32); tensor data, each tensor at an aligned offset.
+//!
+//! Errors: every failure is a [`GgufError`] variant naming the file (or
+//! `<in-memory GGUF>`) and the key or tensor involved; malformed input never
+//! panics. Lengths and counts are checked against the bytes left before
+//! anything is allocated, size arithmetic is checked, and nested metadata
+//! arrays are limited to [`MAX_ARRAY_DEPTH`] levels. Checks beyond the
+//! format's letter, matching llama.cpp: `general.alignment` must be a `u32`
+//! power of two; a tensor has 1 to 4 dimensions, none zero, and rows of
+//! whole blocks; tensors lie inside the file at aligned offsets and do not
+//! overlap. `tests/malformed/` holds one file per error, and `fuzz/` fuzzes
+//! the parser (see `docs/fuzzing.md`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

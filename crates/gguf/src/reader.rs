@@ -330,15 +330,15 @@ pub(crate) fn tensor_n_bytes(
             dims: dims.to_vec(),
         });
     }
-    let overflow = || GgufError::Overflow {
+    let overflow = |what: &str| GgufError::Overflow {
         file: file.clone(),
         section,
-        what: format!("element count of tensor `{name}` with shape {dims:?}"),
+        what: format!("{what} of tensor `{name}` with shape {dims:?} and type {ty}"),
     };
     let n_elements = dims
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(overflow)?;
+        .ok_or_else(|| overflow("element count"))?;
     let block = ty.block_size() as u64;
     if !dims[0].is_multiple_of(block) {
         return Err(GgufError::PartialBlock {
@@ -349,11 +349,13 @@ pub(crate) fn tensor_n_bytes(
             block_size: block,
         });
     }
-    let n_bytes = ty.bytes_for(n_elements).ok_or_else(overflow)?;
+    let n_bytes = ty
+        .bytes_for(n_elements)
+        .ok_or_else(|| overflow("byte size"))?;
     // Views index rows with usize; make sure a row's byte count fits.
     let row_bytes = (dims[0] / block).checked_mul(ty.type_size() as u64);
     if row_bytes.and_then(|r| usize::try_from(r).ok()).is_none() {
-        return Err(overflow());
+        return Err(overflow("row byte size"));
     }
     Ok(n_bytes)
 }

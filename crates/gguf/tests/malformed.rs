@@ -682,7 +682,7 @@ case!(
 case!(
     byte_size_overflow,
     "byte_size_overflow.gguf",
-    ["huge"],
+    ["huge", "byte size"],
     GgufError::Overflow { .. }
 );
 case!(
