@@ -6,7 +6,7 @@
 use super::iq4::{dot32, put32};
 use super::tables::KVALUES_MXFP4;
 use super::ActQ8_0;
-use crate::block::{cast_blocks, f16_le, Block};
+use crate::block::{cast_blocks, cast_blocks_mut, f16_le, Block};
 use crate::Kernels;
 use redlite_gguf::GgmlType;
 
@@ -40,8 +40,45 @@ pub(super) static MXFP4: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_0,
     dot_reference: dot_mxfp4_ref,
     dot_fast: dot_mxfp4,
-    quantize: None,
+    quantize: Some(quantize_mxfp4),
 };
+
+/// Quantize whole blocks of 32 values, as the `gguf` package does (and
+/// byte-identical to it, checked by `tests/iq_quantize.rs`): the exponent
+/// is `floor(log2(max|x|)) − 2 + 127` (so the largest value lands near the
+/// top e2m1 magnitude 6), and every value takes the nearest of the 16
+/// scaled codes, the lowest code on ties.
+fn quantize_mxfp4(src: &[f32], dst: &mut [u8]) {
+    let blocks = cast_blocks_mut::<BlockMxfp4>(dst);
+    assert_eq!(src.len(), blocks.len() * 32, "MXFP4: element count");
+    for (b, x) in blocks.iter_mut().zip(src.chunks_exact(32)) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // In f32 like numpy; the clamp only guards amax < 2^-125 (and +inf),
+        // where numpy's cast to uint8 is not defined.
+        let e = if amax > 0.0 {
+            (amax.log2().floor() - 2.0 + 127.0).clamp(0.0, 255.0) as u8
+        } else {
+            0
+        };
+        let d = e8m0_to_f32_half(e);
+        let code = |v: f32| -> u8 {
+            let mut best = 0usize;
+            let mut best_err = f32::INFINITY;
+            for (k, &kv) in KVALUES_MXFP4.iter().enumerate() {
+                let err = (d * kv as f32 - v).abs();
+                if err < best_err {
+                    best = k;
+                    best_err = err;
+                }
+            }
+            best as u8
+        };
+        b.e = [e];
+        for j in 0..16 {
+            b.qs[j] = code(x[j]) | code(x[j + 16]) << 4;
+        }
+    }
+}
 
 fn dequantize_mxfp4(src: &[u8], dst: &mut [f32]) {
     let blocks = cast_blocks::<BlockMxfp4>(src);
