@@ -7,7 +7,7 @@ pub enum ModelError {
     Gguf(#[from] GgufError),
     #[error(transparent)]
     Cpu(#[from] redlite_cpu::CpuError),
-    #[error("architecture `{0}` is not supported (supported: qwen3next)")]
+    #[error("architecture `{0}` is not supported (supported: qwen3next, qwen2)")]
     UnsupportedArch(String),
     #[error("metadata `{key}`: {what}")]
     Metadata { key: String, what: String },

@@ -1,8 +1,9 @@
 //! One file per architecture; this enum picks one from
-//! `general.architecture`. A new architecture (e.g. `qwen2`) adds a file, a
+//! `general.architecture`. A new architecture adds a file, a
 //! variant, and an arm in each match below.
 
 pub mod common;
+pub mod qwen2;
 pub mod qwen3next;
 
 use crate::blocks::moe::Route;
@@ -17,6 +18,7 @@ use redlite_gguf::GgufFile;
 #[derive(Debug)]
 pub enum Arch {
     Qwen3Next(qwen3next::Qwen3Next),
+    Qwen2(qwen2::Qwen2),
 }
 
 impl Arch {
@@ -24,6 +26,7 @@ impl Arch {
         let name = file.metadata().architecture()?;
         match name {
             "qwen3next" => Ok(Arch::Qwen3Next(qwen3next::Qwen3Next::load(file)?)),
+            "qwen2" => Ok(Arch::Qwen2(qwen2::Qwen2::load(file)?)),
             other => Err(ModelError::UnsupportedArch(other.to_string())),
         }
     }
@@ -31,48 +34,56 @@ impl Arch {
     pub fn name(&self) -> &'static str {
         match self {
             Arch::Qwen3Next(_) => "qwen3next",
+            Arch::Qwen2(_) => "qwen2",
         }
     }
 
     pub fn n_vocab(&self) -> usize {
         match self {
             Arch::Qwen3Next(m) => m.cfg.n_vocab,
+            Arch::Qwen2(m) => m.cfg.n_vocab,
         }
     }
 
     pub fn n_embd(&self) -> usize {
         match self {
             Arch::Qwen3Next(m) => m.cfg.n_embd,
+            Arch::Qwen2(m) => m.cfg.n_embd,
         }
     }
 
     pub fn context_length(&self) -> usize {
         match self {
             Arch::Qwen3Next(m) => m.cfg.context_length,
+            Arch::Qwen2(m) => m.cfg.context_length,
         }
     }
 
     pub fn n_layer(&self) -> usize {
         match self {
             Arch::Qwen3Next(m) => m.cfg.n_layer,
+            Arch::Qwen2(m) => m.cfg.n_layer,
         }
     }
 
     pub fn tok_embd(&self) -> &Weight {
         match self {
             Arch::Qwen3Next(m) => &m.tok_embd,
+            Arch::Qwen2(m) => &m.tok_embd,
         }
     }
 
     pub fn output(&self) -> &Weight {
         match self {
             Arch::Qwen3Next(m) => &m.output,
+            Arch::Qwen2(m) => &m.output,
         }
     }
 
     pub fn new_states(&self) -> Vec<LayerState> {
         match self {
             Arch::Qwen3Next(m) => m.new_states(),
+            Arch::Qwen2(m) => m.new_states(),
         }
     }
 
@@ -88,6 +99,7 @@ impl Arch {
     ) -> Result<(Vec<f32>, Vec<Vec<Route>>), ModelError> {
         match self {
             Arch::Qwen3Next(m) => m.forward_hidden(ex, states, x, n, pos0, trace),
+            Arch::Qwen2(m) => m.forward_hidden(ex, states, x, n, pos0, trace),
         }
     }
 }

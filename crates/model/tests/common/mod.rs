@@ -2,6 +2,8 @@
 //! no fixture files.
 #![allow(dead_code)]
 
+pub mod npy;
+
 use redlite_gguf::{GgmlType, GgufFile, GgufWriter, MetadataArray, MetadataValue, ValueType};
 use std::collections::BTreeMap;
 use std::sync::Arc;
