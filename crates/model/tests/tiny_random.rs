@@ -190,11 +190,15 @@ fn layer_kinds_fall_back_to_the_interval() {
         ..Tiny::default()
     };
     let m = load(t.file(), false);
-    let redlite_model::arch::Arch::Qwen3Next(q) = m.arch();
+    let redlite_model::arch::Arch::Qwen3Next(q) = m.arch() else {
+        panic!("not qwen3next")
+    };
     assert_eq!(q.cfg.recurrent, vec![true, true, true, false]);
     let t = Tiny::default();
     let m = load(t.file(), false);
-    let redlite_model::arch::Arch::Qwen3Next(q) = m.arch();
+    let redlite_model::arch::Arch::Qwen3Next(q) = m.arch() else {
+        panic!("not qwen3next")
+    };
     assert_eq!(
         q.cfg.recurrent, t.recurrent,
         "the array wins over the interval"
