@@ -323,13 +323,13 @@ mod avx2 {
             let d = f16c(b.d) * a.d();
             let mut acc = _mm256_setzero_si256();
             for ib in 0..QK_K / 32 {
-                let idx = u32_at(&b.qs, 8 * ib);
-                let aux = u32_at(&b.qs, 8 * ib + 4);
+                let g: &[u8; 8] = b.qs[8 * ib..8 * ib + 8].try_into().unwrap();
+                let aux = u64::from_le_bytes(*g) >> 32;
                 let grid = set_u64x4(
-                    IQ2XXS_GRID[(idx & 0xFF) as usize],
-                    IQ2XXS_GRID[((idx >> 8) & 0xFF) as usize],
-                    IQ2XXS_GRID[((idx >> 16) & 0xFF) as usize],
-                    IQ2XXS_GRID[(idx >> 24) as usize],
+                    IQ2XXS_GRID[g[0] as usize],
+                    IQ2XXS_GRID[g[1] as usize],
+                    IQ2XXS_GRID[g[2] as usize],
+                    IQ2XXS_GRID[g[3] as usize],
                 );
                 let signs = set_u64x4(
                     KSIGN_BYTES[(aux & 127) as usize],
@@ -375,7 +375,9 @@ mod avx2 {
             let d = f16c(b.d) * a.d();
             let mut acc = _mm256_setzero_si256();
             for ib in 0..QK_K / 32 {
-                let v: [u16; 4] = core::array::from_fn(|l| u16_at(&b.qs, 8 * ib + 2 * l));
+                let g: &[u8; 8] = b.qs[8 * ib..8 * ib + 8].try_into().unwrap();
+                let w = u64::from_le_bytes(*g);
+                let v: [u16; 4] = core::array::from_fn(|l| (w >> (16 * l)) as u16);
                 let grid = set_u64x4(
                     IQ2XS_GRID[(v[0] & 511) as usize],
                     IQ2XS_GRID[(v[1] & 511) as usize],

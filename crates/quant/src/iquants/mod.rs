@@ -14,6 +14,13 @@
 //! bit-identical results (tests assert equality).
 //!
 //! The 256-element formats take Q8_K activations, IQ4_NL and MXFP4 take Q8_0.
+//! The activation quantizers never produce -128; the IQ2_* and IQ3_* AVX2
+//! paths rely on that (they negate activations with `_mm256_sign_epi8`),
+//! the others and all references are exact for any i8.
+//!
+//! Only MXFP4 has a quantizer (the `gguf` package's algorithm, byte for
+//! byte); the IQ formats need an importance matrix and are produced by
+//! llama.cpp's tools.
 
 use crate::Kernels;
 use redlite_gguf::GgmlType;
@@ -65,6 +72,7 @@ const _: () = assert!(core::mem::size_of::<ActQ8_0>() == 34);
 // pattern valid.
 unsafe impl crate::block::Block for ActQ8_0 {}
 
+#[cfg(target_arch = "x86_64")]
 /// u64 whose byte j is 0xFF (-1) where bit j of `bits` is set and 0x01 (+1)
 /// elsewhere: the operand `_mm256_sign_epi8` needs to apply sign bits.
 const fn sign_bytes(bits: u8) -> u64 {
@@ -79,6 +87,7 @@ const fn sign_bytes(bits: u8) -> u64 {
 }
 
 /// [`sign_bytes`] of every byte value.
+#[cfg(target_arch = "x86_64")]
 pub(crate) static SIGN_BYTES: [u64; 256] = {
     let mut t = [0u64; 256];
     let mut i = 0;
@@ -90,6 +99,7 @@ pub(crate) static SIGN_BYTES: [u64; 256] = {
 };
 
 /// [`sign_bytes`] of every 7-bit `ksigns` code.
+#[cfg(target_arch = "x86_64")]
 pub(crate) static KSIGN_BYTES: [u64; 128] = {
     let mut t = [0u64; 128];
     let mut i = 0;
