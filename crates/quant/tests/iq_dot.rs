@@ -243,6 +243,30 @@ fn iq_dot_extreme_values() {
 }
 
 #[test]
+fn iq_dot_full_i8_range_where_supported() {
+    // IQ1_*, IQ4_* and MXFP4 multiply with `|q| · sign(w, q)` and are exact
+    // for every i8 activation, -128 included (the IQ2/IQ3 AVX2 paths need
+    // -127..=127, which the activation quantizers guarantee).
+    let mut rng = Rng(99);
+    for ty in [
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
+        GgmlType::MXFP4,
+    ] {
+        for &nb in lengths(ty) {
+            let row = random_row(ty, nb, &mut rng);
+            let n = nb * ty.block_size();
+            let act = random_act(ty, n, &mut rng, &mut |r: &mut Rng| r.next() as u8 as i8);
+            check_pair(ty, &row, &act, "full i8 range");
+            let act = random_act(ty, n, &mut rng, &mut |_| -128);
+            check_pair(ty, &row, &act, "all -128");
+        }
+    }
+}
+
+#[test]
 fn iq_dot_with_crate_activation_quantizers() {
     // Real activations from the crate's Q8_K / Q8_0 quantizers (skipped for a
     // format whose activation quantizer is not in this build yet).
