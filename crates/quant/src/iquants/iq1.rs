@@ -256,11 +256,12 @@ fn dot_iq1_m(row: &[u8], act: &[u8]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    //! The AVX2 dot products. Per 32 weights: four grid entries from
-    //! [`IQ1S_GRID8`] (the grid times 8) plus the ±1 shifts give the
-    //! weights `8g ± 1` as signed bytes; `mul_signed` multiplies them with
-    //! the activations into i16 pair sums (at most 2·9·128, exact for any
-    //! i8), and `_mm256_madd_epi16` applies the odd scales while widening.
+    //! The AVX2 dot products. Per 32 weights, the weights `8g ± 1` as
+    //! signed bytes: IQ1_S adds its one ±1 shift to four entries of
+    //! [`IQ1S_GRID8`], IQ1_M looks them up in [`IQ1_W`] (shift included).
+    //! `mul_signed` multiplies them with the activations into i16 pair sums
+    //! (at most 2·9·128, exact for any i8), and `_mm256_madd_epi16` applies
+    //! the odd scales while widening.
     //!
     //! # Safety
     //!
@@ -280,6 +281,28 @@ mod avx2 {
             while j < 8 {
                 let g = (IQ1S_GRID[i] >> (8 * j)) as u8 as i8;
                 v |= ((g * 8) as u8 as u64) << (8 * j);
+                j += 1;
+            }
+            t[i] = v;
+            i += 1;
+        }
+        t
+    };
+
+    /// The weights `8g ± 1` of grid entry `i & 2047`, with the shift sign
+    /// in bit 11 of `i` (set: -1). 32 KiB: one lookup replaces a lookup in
+    /// the grid plus building and adding a ±1 vector, which measured ~15%
+    /// faster for IQ1_M on the development machine (48 KiB L1d).
+    static IQ1_W: [u64; 4096] = {
+        let mut t = [0u64; 4096];
+        let mut i = 0;
+        while i < 4096 {
+            let sigma: i8 = if i & 2048 != 0 { -1 } else { 1 };
+            let mut v = 0u64;
+            let mut j = 0;
+            while j < 8 {
+                let g = (IQ1S_GRID[i & 2047] >> (8 * j)) as u8 as i8;
+                v |= ((g * 8 + sigma) as u8 as u64) << (8 * j);
                 j += 1;
             }
             t[i] = v;
@@ -339,12 +362,6 @@ mod avx2 {
         for (b, a) in x.iter().zip(y) {
             let d = f16c(b.d_bits().to_le_bytes()) * a.d();
             let sc = [b.sc(0), b.sc(1), b.sc(2), b.sc(3)];
-            let sign_bits = _mm256_setr_epi16(
-                0x8, 0x8, 0x8, 0x8, 0x80, 0x80, 0x80, 0x80, 0x800, 0x800, 0x800, 0x800, -0x8000,
-                -0x8000, -0x8000, -0x8000,
-            );
-            let one8 = _mm256_set1_epi8(1);
-            let two8 = _mm256_set1_epi8(2);
             let one16 = _mm256_set1_epi16(1);
             let seven16 = _mm256_set1_epi16(7);
             let scale_shift = _mm256_setr_epi32(0, 0, 0, 0, 3, 3, 3, 3);
@@ -353,18 +370,15 @@ mod avx2 {
                 let l = 4 * ib;
                 let h0 = b.qh[2 * ib];
                 let h1 = b.qh[2 * ib + 1];
-                let idx = |lo: u8, nib: u8| lo as usize | ((nib & 7) as usize) << 8;
-                let grid = set_u64x4(
-                    IQ1S_GRID8[idx(b.qs[l], h0)],
-                    IQ1S_GRID8[idx(b.qs[l + 1], h0 >> 4)],
-                    IQ1S_GRID8[idx(b.qs[l + 2], h1)],
-                    IQ1S_GRID8[idx(b.qs[l + 3], h1 >> 4)],
+                // 12-bit index: low byte, then the whole nibble (3 high
+                // index bits and the shift sign).
+                let idx = |lo: u8, nib: u8| lo as usize | ((nib & 0xF) as usize) << 8;
+                let w = set_u64x4(
+                    IQ1_W[idx(b.qs[l], h0)],
+                    IQ1_W[idx(b.qs[l + 1], h0 >> 4)],
+                    IQ1_W[idx(b.qs[l + 2], h1)],
+                    IQ1_W[idx(b.qs[l + 3], h1 >> 4)],
                 );
-                // Shift signs: bit 3 of each nibble of h0 | h1 << 8 selects
-                // -1 for the 8 weights of its 64-bit lane, else +1.
-                let h = _mm256_set1_epi16((h0 as u16 | (h1 as u16) << 8) as i16);
-                let neg = _mm256_cmpeq_epi16(_mm256_and_si256(h, sign_bits), sign_bits);
-                let w = _mm256_sub_epi8(_mm256_add_epi8(grid, one8), _mm256_and_si256(neg, two8));
                 let p = mul_signed(load32(q32(a, ib)), w);
                 // Scales 2ib (first 16 weights) and 2ib + 1 (last 16): bits
                 // 0..3 and 3..6 of `word`, brought down by a per-half shift.
