@@ -191,12 +191,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         } else {
             text
         };
-        let mut ids = Vec::new();
-        if tok.add_bos() {
-            ids.extend(tok.bos_id());
-        }
-        ids.extend(tok.encode(&text, true));
-        ids
+        // encode adds BOS itself when the file asks for it.
+        tok.encode(&text, true)
     };
     if prompt.is_empty() {
         bail!("the prompt is empty");
@@ -375,10 +371,5 @@ pub fn tokenize(model: &PathBuf, text: &str, no_special: bool) -> Result<Vec<u32
         GgufFile::open(model).with_context(|| format!("opening model {}", model.display()))?;
     let tok = Tokenizer::from_gguf(file.metadata())
         .with_context(|| format!("tokenizer of {}", model.display()))?;
-    let mut ids = Vec::new();
-    if tok.add_bos() {
-        ids.extend(tok.bos_id());
-    }
-    ids.extend(tok.encode(text, !no_special));
-    Ok(ids)
+    Ok(tok.encode(text, !no_special))
 }
