@@ -8,5 +8,4 @@ model="${REDLITE_MODEL:-}"
 if [ -z "$model" ]; then
   model="$(bash scripts/fetch-demo-model.sh | tail -n 1)"
 fi
-target/release/redlite inspect "$model" | head -n 12
 exec target/release/redlite generate -m "$model" -p "${REDLITE_PROMPT:-Write a Python function that checks whether a number is prime.}" -n "${REDLITE_N:-128}" --temp 0
