@@ -41,6 +41,8 @@ enum Command {
         /// The text.
         text: String,
     },
+    /// Write a synthetic GGUF with the exact Qwen3-Next-80B-A3B shapes (random valid blocks) for speed work.
+    Synth(redlite_synth::cli::SynthArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -96,6 +98,7 @@ fn main() -> Result<()> {
             }
         }
         Command::Generate(args) => generate::run(args)?,
+        Command::Synth(args) => redlite_synth::cli::run(args)?,
         Command::Tokenize {
             model,
             no_special,
