@@ -30,6 +30,8 @@ enum Command {
     },
     /// Generate text (or token ids) from a prompt, streamed to stdout; logs and speed go to stderr.
     Generate(generate::GenerateArgs),
+    /// Serve the OpenAI API (chat, completions, streaming, tools) over HTTP.
+    Serve(redlite_server::ServeArgs),
     /// Print the token ids of a text as a JSON array.
     Tokenize {
         /// The GGUF model file (its tokenizer is used).
@@ -98,6 +100,7 @@ fn main() -> Result<()> {
             }
         }
         Command::Generate(args) => generate::run(args)?,
+        Command::Serve(args) => redlite_server::run(args)?,
         Command::Synth(args) => redlite_synth::cli::run(args)?,
         Command::Tokenize {
             model,

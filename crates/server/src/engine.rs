@@ -1,0 +1,390 @@
+//! The engine loop: one thread owns the model, the live session and the
+//! prompt cache, and runs jobs from a FIFO channel one at a time. Each job
+//! streams its text back over its own channel; when the receiving side is
+//! gone (the client disconnected), the job stops before the next token.
+//!
+//! Prompt reuse: after each prompt and each generation the loop keeps a
+//! checkpoint (a clone of the session, the tokens it holds and the logits
+//! of its last position). A new prompt starts from the longest checkpoint
+//! that is a prefix of it. This works for recurrent (DeltaNet) states,
+//! which cannot be rewound, as well as for KV caches.
+
+use crate::metrics::Metrics;
+use crate::stop::StopMatcher;
+use redlite_gguf::GgufFile;
+use redlite_model::sample::{Sampler, SamplerConfig};
+use redlite_model::{LayerState, Logits, Model, Session};
+use redlite_tokenizer::Tokenizer;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Why generation ended (tool calls are decided by the caller's parser).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// End-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` reached or the context is full.
+    Length,
+}
+
+/// The end of a job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Done {
+    pub finish: Finish,
+    pub prompt_tokens: usize,
+    /// Prompt tokens taken from a checkpoint instead of computed.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    /// Seconds from dequeue to the first token's text being ready.
+    pub ttft_secs: f64,
+    pub prompt_secs: f64,
+    pub decode_secs: f64,
+}
+
+/// What a job sends back.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// More text (stop strings already cut).
+    Text(String),
+    Done(Done),
+    Error(String),
+}
+
+/// One generation request, tokenized and checked.
+#[derive(Debug)]
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    pub stop: Vec<String>,
+    pub events: UnboundedSender<Event>,
+}
+
+/// How the engine runs.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub ctx: usize,
+    /// Keep and reuse checkpoints.
+    pub prompt_cache: bool,
+    /// How many checkpoints to keep (oldest dropped first).
+    pub max_checkpoints: usize,
+}
+
+/// The client side of the engine: submit jobs.
+#[derive(Clone, Debug)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Job>,
+    metrics: Arc<Metrics>,
+}
+
+impl EngineHandle {
+    /// Queue a job; `false` when the engine thread is gone.
+    pub fn submit(&self, job: Job) -> bool {
+        self.metrics.queued.fetch_add(1, Ordering::SeqCst);
+        if self.tx.send(job).is_err() {
+            self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+}
+
+struct Checkpoint {
+    tokens: Vec<u32>,
+    session: Session,
+    logits: Vec<f32>,
+    last_used: u64,
+}
+
+/// Start the engine thread with a loaded model; it runs until every
+/// [`EngineHandle`] is dropped.
+pub fn start(
+    model: Model,
+    tokenizer: Arc<Tokenizer>,
+    cfg: EngineConfig,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<EngineHandle> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    let m = metrics.clone();
+    std::thread::Builder::new()
+        .name("redlite-engine".into())
+        .spawn(move || {
+            let mut engine = Engine::new(model, tokenizer, cfg, m);
+            for job in rx {
+                engine.metrics.queued.fetch_sub(1, Ordering::SeqCst);
+                engine.metrics.processing.store(1, Ordering::SeqCst);
+                engine.run(job);
+                engine.metrics.processing.store(0, Ordering::SeqCst);
+            }
+            tracing::debug!("engine loop: all handles dropped, stopping");
+        })?;
+    Ok(EngineHandle { tx, metrics })
+}
+
+struct Engine {
+    model: Model,
+    tok: Arc<Tokenizer>,
+    cfg: EngineConfig,
+    metrics: Arc<Metrics>,
+    checkpoints: Vec<Checkpoint>,
+    clock: u64,
+    /// Bytes of KV cache per position (all attention layers).
+    kv_bytes_per_token: u64,
+    /// Bytes of the fixed recurrent states of one session.
+    fixed_bytes: u64,
+}
+
+impl Engine {
+    fn new(model: Model, tok: Arc<Tokenizer>, cfg: EngineConfig, metrics: Arc<Metrics>) -> Engine {
+        let (kv_bytes_per_token, fixed_bytes) = state_bytes(&model);
+        metrics.ctx.store(cfg.ctx as u64, Ordering::Relaxed);
+        Engine {
+            model,
+            tok,
+            cfg,
+            metrics,
+            checkpoints: Vec::new(),
+            clock: 0,
+            kv_bytes_per_token,
+            fixed_bytes,
+        }
+    }
+
+    /// The checkpoint to start `prompt` from: the longest whose tokens are a
+    /// prefix of it.
+    fn best_checkpoint(&self, prompt: &[u32]) -> Option<usize> {
+        if !self.cfg.prompt_cache {
+            return None;
+        }
+        self.checkpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.tokens.len() <= prompt.len() && prompt.starts_with(&c.tokens))
+            .max_by_key(|(_, c)| (c.tokens.len(), c.last_used))
+            .map(|(i, _)| i)
+    }
+
+    fn save_checkpoint(&mut self, tokens: Vec<u32>, session: Session, logits: Vec<f32>) {
+        if !self.cfg.prompt_cache || self.cfg.max_checkpoints == 0 || tokens.is_empty() {
+            return;
+        }
+        self.clock += 1;
+        self.checkpoints.retain(|c| c.tokens != tokens);
+        self.checkpoints.push(Checkpoint {
+            tokens,
+            session,
+            logits,
+            last_used: self.clock,
+        });
+        while self.checkpoints.len() > self.cfg.max_checkpoints {
+            let oldest = self
+                .checkpoints
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, c)| c.last_used)
+                .map(|(i, _)| i)
+                .unwrap_or(0);
+            self.checkpoints.remove(oldest);
+        }
+        self.publish_cache_metrics();
+    }
+
+    fn publish_cache_metrics(&self) {
+        let tokens: usize = self.checkpoints.iter().map(|c| c.tokens.len()).sum();
+        let bytes = self
+            .checkpoints
+            .iter()
+            .map(|c| {
+                c.session.pos() as u64 * self.kv_bytes_per_token
+                    + self.fixed_bytes
+                    + c.logits.len() as u64 * 4
+            })
+            .sum();
+        let m = &self.metrics;
+        m.checkpoints
+            .store(self.checkpoints.len() as u64, Ordering::Relaxed);
+        m.checkpoint_tokens.store(tokens as u64, Ordering::Relaxed);
+        m.checkpoint_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    fn run(&mut self, job: Job) {
+        if job.events.is_closed() {
+            self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let events = job.events.clone();
+        match self.generate(job) {
+            Ok(Some(done)) => {
+                let m = &self.metrics;
+                m.prompt_tokens
+                    .fetch_add(done.prompt_tokens as u64, Ordering::Relaxed);
+                m.cached_tokens
+                    .fetch_add(done.cached_tokens as u64, Ordering::Relaxed);
+                m.generated_tokens
+                    .fetch_add(done.completion_tokens as u64, Ordering::Relaxed);
+                m.record_speeds(
+                    done.prompt_tokens - done.cached_tokens,
+                    done.prompt_secs,
+                    done.completion_tokens.saturating_sub(1),
+                    done.decode_secs,
+                );
+                let _ = events.send(Event::Done(done));
+            }
+            Ok(None) => {
+                self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                tracing::info!("request cancelled: the client went away");
+            }
+            Err(e) => {
+                tracing::error!("generation failed: {e}");
+                let _ = events.send(Event::Error(e.to_string()));
+            }
+        }
+    }
+
+    /// Run one job; `Ok(None)` when it was cancelled.
+    fn generate(&mut self, job: Job) -> Result<Option<Done>, redlite_model::ModelError> {
+        let t0 = Instant::now();
+        let prompt = &job.prompt;
+        let (mut session, cached, mut logits) = match self.best_checkpoint(prompt) {
+            Some(i) => {
+                self.clock += 1;
+                let c = &mut self.checkpoints[i];
+                c.last_used = self.clock;
+                (c.session.clone(), c.tokens.len(), c.logits.clone())
+            }
+            None => (self.model.new_session(self.cfg.ctx), 0, Vec::new()),
+        };
+        // Prefill what the checkpoint does not hold, in batches, so a
+        // client that leaves stops a long prompt too.
+        if cached < prompt.len() {
+            for chunk in prompt[cached..].chunks(self.model.ubatch().max(1)) {
+                if job.events.is_closed() {
+                    return Ok(None);
+                }
+                logits = session.forward(&self.model, chunk, Logits::Last)?;
+            }
+        }
+        let prompt_secs = t0.elapsed().as_secs_f64();
+        self.metrics
+            .kv_tokens
+            .store(session.pos() as u64, Ordering::Relaxed);
+        if cached < prompt.len() {
+            self.save_checkpoint(prompt.clone(), session.clone(), logits.clone());
+        }
+
+        let mut sampler = Sampler::new(job.sampler.clone());
+        let mut history = prompt.clone();
+        let mut decoder = self.tok.stream_decoder();
+        let mut stop = StopMatcher::new(job.stop.clone());
+        let mut generated = 0usize;
+        let mut ttft = None;
+        let mut finish = Finish::Length;
+        let t1 = Instant::now();
+        let send = |text: String| text.is_empty() || job.events.send(Event::Text(text)).is_ok();
+        let mut cancelled = false;
+        for i in 0..job.max_tokens {
+            if job.events.is_closed() {
+                cancelled = true;
+                break;
+            }
+            let next = sampler.sample(&logits, &history);
+            if self.tok.is_eog(next) {
+                finish = Finish::Stop;
+                break;
+            }
+            generated += 1;
+            history.push(next);
+            let piece = decoder.push(next);
+            let (text, stopped) = stop.push(&piece);
+            ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+            if !send(text) {
+                cancelled = true;
+                break;
+            }
+            if stopped {
+                finish = Finish::Stop;
+                break;
+            }
+            if i + 1 == job.max_tokens || session.pos() >= session.ctx_len() {
+                break;
+            }
+            logits = session.forward(&self.model, &[next], Logits::Last)?;
+            self.metrics
+                .kv_tokens
+                .store(session.pos() as u64, Ordering::Relaxed);
+        }
+        if cancelled {
+            return Ok(None);
+        }
+        if !stop.stopped() {
+            let (text, _) = stop.push(&decoder.finish());
+            let rest = text + &stop.finish();
+            if !send(rest) {
+                return Ok(None);
+            }
+        }
+        let decode_secs = t1.elapsed().as_secs_f64();
+        // The session now holds the prompt and every generated token that
+        // was fed back (all but the last sampled one).
+        let fed = session.pos();
+        if fed > prompt.len() {
+            let tokens = history[..fed].to_vec();
+            self.save_checkpoint(tokens, session, logits);
+        }
+        Ok(Some(Done {
+            finish,
+            prompt_tokens: prompt.len(),
+            cached_tokens: cached,
+            completion_tokens: generated,
+            ttft_secs: ttft.unwrap_or(prompt_secs),
+            prompt_secs,
+            decode_secs,
+        }))
+    }
+}
+
+/// (KV bytes per position, fixed recurrent-state bytes) of one session.
+fn state_bytes(model: &Model) -> (u64, u64) {
+    let meta = model.file().metadata();
+    let arch = model.arch().name();
+    let key = |k: &str| format!("{arch}.{k}");
+    let n_embd = meta.get_u64(&key("embedding_length")).unwrap_or(0);
+    let n_head = meta
+        .get_u64(&key("attention.head_count"))
+        .unwrap_or(1)
+        .max(1);
+    let n_kv = meta
+        .get_u64(&key("attention.head_count_kv"))
+        .unwrap_or(n_head);
+    let k_len = meta
+        .get_u64(&key("attention.key_length"))
+        .unwrap_or(n_embd / n_head);
+    let v_len = meta
+        .get_u64(&key("attention.value_length"))
+        .unwrap_or(n_embd / n_head);
+    let (mut per_token, mut fixed) = (0u64, 0u64);
+    for state in model.arch().new_states() {
+        match state {
+            LayerState::Kv(_) => per_token += n_kv * (k_len + v_len) * 4,
+            LayerState::Recurrent(r) => fixed += (r.conv.len() + r.ssm.len()) as u64 * 4,
+        }
+    }
+    (per_token, fixed)
+}
+
+/// Touch every page of the weights so the first request is not timed on
+/// page faults.
+pub fn warm_pages(file: &GgufFile) {
+    let mut sink = 0u8;
+    for t in file.tensors() {
+        if let Ok(v) = file.tensor(&t.name) {
+            for page in v.data.iter().step_by(4096) {
+                sink = sink.wrapping_add(*page);
+            }
+        }
+    }
+    std::hint::black_box(sink);
+}

@@ -1,0 +1,281 @@
+//! Red Lite's OpenAI-compatible HTTP server, in layers: OpenAI serde types
+//! ([`api`]) → checks and template input ([`request`]) → a FIFO queue →
+//! one engine loop that owns the model and the prompt cache ([`engine`]) →
+//! answers, whole or streamed as SSE ([`stream`]).
+//!
+//! ```no_run
+//! use clap::Parser;
+//! #[derive(Parser)]
+//! struct Cli {
+//!     #[command(flatten)]
+//!     serve: redlite_server::ServeArgs,
+//! }
+//! redlite_server::run(Cli::parse().serve)?;
+//! # Ok::<(), redlite_server::ServerError>(())
+//! ```
+
+pub mod api;
+pub mod engine;
+pub mod error;
+pub mod metrics;
+pub mod parse;
+pub mod request;
+pub mod routes;
+pub mod stop;
+pub mod stream;
+
+pub use error::{ApiError, ServerError};
+pub use routes::{router, AppState};
+
+use redlite_gguf::GgufFile;
+use redlite_model::{LoadOptions, Model};
+use redlite_tokenizer::{ChatTemplate, Tokenizer};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Everything `redlite serve` takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// The GGUF model file.
+    #[arg(short, long)]
+    pub model: PathBuf,
+    /// Address to listen on (loopback by default; 0.0.0.0 exposes the server).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Context size in tokens (0: the model's trained context).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Worker threads (0: all cores).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+    /// Tokens per prompt batch.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// The largest `max_tokens` a request may ask for.
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens_limit: usize,
+    /// Requests that may wait or run at once; more get 503.
+    #[arg(long, default_value_t = 64)]
+    pub parallel_queue: usize,
+    /// Do not reuse the state of earlier prompts.
+    #[arg(long)]
+    pub no_prompt_cache: bool,
+    /// Session checkpoints kept for prompt reuse.
+    #[arg(long, default_value_t = 4)]
+    pub cache_checkpoints: usize,
+    /// Largest request body in bytes (more gets 413).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// The model id reported by /v1/models (default: the file name).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Skip touching every weight page before serving.
+    #[arg(long)]
+    pub no_warmup: bool,
+}
+
+impl ServeArgs {
+    /// Defaults for a model file (what the command line gives).
+    pub fn for_model(model: impl Into<PathBuf>) -> ServeArgs {
+        ServeArgs {
+            model: model.into(),
+            host: "127.0.0.1".into(),
+            port: 8080,
+            ctx_size: 4096,
+            threads: 0,
+            batch_size: 512,
+            api_key: None,
+            max_tokens_limit: 4096,
+            parallel_queue: 64,
+            no_prompt_cache: false,
+            cache_checkpoints: 4,
+            max_body_bytes: 4 << 20,
+            alias: None,
+            no_warmup: false,
+        }
+    }
+}
+
+/// Load the model, start the engine loop, and return the shared state the
+/// routes use.
+pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
+    let path = &args.model;
+    let file = GgufFile::open(path).map_err(|source| ServerError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let file = Arc::new(file);
+    let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata())?);
+    let template = match ChatTemplate::from_gguf(file.metadata()) {
+        Ok(t) => Some(Arc::new(t)),
+        Err(e) => {
+            tracing::warn!("no chat template ({e}): /v1/chat/completions will answer 400");
+            None
+        }
+    };
+    let model = Model::load(
+        file.clone(),
+        LoadOptions {
+            threads: args.threads,
+            reference: false,
+            ubatch: args.batch_size,
+        },
+    )?;
+    let ctx = if args.ctx_size == 0 {
+        model.arch().context_length()
+    } else {
+        args.ctx_size
+    };
+    if !args.no_warmup {
+        engine::warm_pages(&file);
+    }
+    let model_id = args.alias.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "redlite".into())
+    });
+    tracing::info!(
+        "model {} ({}, {} layers, {} threads), context {ctx}, prompt cache {}",
+        path.display(),
+        model.arch().name(),
+        model.arch().n_layer(),
+        model.threads(),
+        if args.no_prompt_cache {
+            "off".to_string()
+        } else {
+            format!("{} checkpoints", args.cache_checkpoints)
+        },
+    );
+    let n_vocab = model.n_vocab();
+    let metrics = Arc::new(metrics::Metrics::default());
+    let engine = engine::start(
+        model,
+        tokenizer.clone(),
+        engine::EngineConfig {
+            ctx,
+            prompt_cache: !args.no_prompt_cache,
+            max_checkpoints: args.cache_checkpoints,
+        },
+        metrics.clone(),
+    )?;
+    Ok(Arc::new(AppState {
+        engine,
+        tokenizer,
+        template,
+        model_id,
+        n_vocab,
+        limits: request::Limits {
+            ctx,
+            max_tokens_limit: args.max_tokens_limit,
+        },
+        parallel_queue: args.parallel_queue.max(1),
+        api_key: args.api_key.clone(),
+        max_body_bytes: args.max_body_bytes,
+        metrics,
+        created: stream::now_secs(),
+    }))
+}
+
+/// Serve on a bound listener until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ServerError> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("redlite-http")
+        .enable_all()
+        .build()?)
+}
+
+async fn bind(host: &str, port: u16) -> Result<tokio::net::TcpListener, ServerError> {
+    let addr = format!("{host}:{port}");
+    tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// `redlite serve`: load, bind, serve until Ctrl-C.
+pub fn run(args: ServeArgs) -> Result<(), ServerError> {
+    let state = load(&args)?;
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let listener = bind(&args.host, args.port).await?;
+        let addr = listener.local_addr()?;
+        tracing::info!("listening on http://{addr}/v1 (OpenAI API)");
+        if args.api_key.is_none() && !addr.ip().is_loopback() {
+            tracing::warn!("listening beyond loopback without --api-key");
+        }
+        serve(listener, state, async {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down");
+        })
+        .await
+    })
+}
+
+/// A server running on its own threads (for tests and embedding); stops
+/// when dropped.
+pub struct RunningServer {
+    pub addr: SocketAddr,
+    pub state: Arc<AppState>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), ServerError>>>,
+}
+
+impl RunningServer {
+    /// The OpenAI base URL, e.g. `http://127.0.0.1:PORT/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Load and serve in the background on `args.host:args.port` (port 0
+/// picks a free one).
+pub fn spawn(args: ServeArgs) -> Result<RunningServer, ServerError> {
+    let state = load(&args)?;
+    let rt = runtime()?;
+    let listener = rt.block_on(bind(&args.host, args.port))?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let st = state.clone();
+    let thread = std::thread::Builder::new()
+        .name("redlite-server".into())
+        .spawn(move || {
+            rt.block_on(serve(listener, st, async {
+                let _ = stopped.await;
+            }))
+        })?;
+    Ok(RunningServer {
+        addr,
+        state,
+        stop: Some(stop),
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,554 @@
+//! Qwen's assistant output, parsed as it streams: `<think>…</think>` becomes
+//! reasoning, `<tool_call>{"name": …, "arguments": {…}}</tool_call>` becomes
+//! an OpenAI tool call (the name as soon as it is complete, then the
+//! arguments' JSON text in chunks), the rest is content.
+
+const THINK_OPEN: &str = "<think>";
+const THINK_CLOSE: &str = "</think>";
+const TOOL_OPEN: &str = "<tool_call>";
+const TOOL_CLOSE: &str = "</tool_call>";
+
+/// What the parser found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Parsed {
+    Content(String),
+    Reasoning(String),
+    /// A tool call begins: its index among this answer's calls and its name.
+    ToolCallStart {
+        index: u32,
+        name: String,
+    },
+    /// More of the arguments' JSON text of the call `index`.
+    ToolCallArgs {
+        index: u32,
+        text: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Content,
+    Think,
+    Tool,
+}
+
+/// The streaming parser. Push text as it comes; the concatenated events
+/// are the same however the text was split.
+#[derive(Debug, Clone)]
+pub struct ChatParser {
+    buf: String,
+    state: State,
+    tools: bool,
+    think: bool,
+    /// Leading whitespace of the next content or reasoning is dropped.
+    trim_start: bool,
+    calls: u32,
+    /// In a tool call: where the arguments start in `buf`, once the name
+    /// has been sent.
+    args_start: Option<usize>,
+    /// Bytes of the arguments already sent.
+    args_sent: usize,
+}
+
+impl ChatParser {
+    /// `tools`: parse `<tool_call>` blocks. `think`: parse `<think>` blocks.
+    /// `in_think`: the prompt already opened a `<think>` block.
+    pub fn new(tools: bool, think: bool, in_think: bool) -> ChatParser {
+        ChatParser {
+            buf: String::new(),
+            state: if in_think && think {
+                State::Think
+            } else {
+                State::Content
+            },
+            tools,
+            think,
+            trim_start: in_think && think,
+            calls: 0,
+            args_start: None,
+            args_sent: 0,
+        }
+    }
+
+    /// Tool calls started so far.
+    pub fn tool_calls(&self) -> u32 {
+        self.calls
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<Parsed> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        self.drain(&mut out, false);
+        out
+    }
+
+    /// End of text: flush what was held back.
+    pub fn finish(&mut self) -> Vec<Parsed> {
+        let mut out = Vec::new();
+        self.drain(&mut out, true);
+        out
+    }
+
+    fn emit_text(&mut self, out: &mut Vec<Parsed>, mut text: &str, reasoning: bool) {
+        if self.trim_start {
+            text = text.trim_start();
+            if text.is_empty() {
+                return;
+            }
+            self.trim_start = false;
+        }
+        if text.is_empty() {
+            return;
+        }
+        let s = text.to_string();
+        match (out.last_mut(), reasoning) {
+            (Some(Parsed::Content(c)), false) => c.push_str(&s),
+            (Some(Parsed::Reasoning(c)), true) => c.push_str(&s),
+            _ => out.push(if reasoning {
+                Parsed::Reasoning(s)
+            } else {
+                Parsed::Content(s)
+            }),
+        }
+    }
+
+    fn drain(&mut self, out: &mut Vec<Parsed>, last: bool) {
+        loop {
+            match self.state {
+                State::Content => {
+                    let mut found: Option<(usize, &str)> = None;
+                    for (on, tag) in [(self.think, THINK_OPEN), (self.tools, TOOL_OPEN)] {
+                        if let Some(at) = on.then(|| self.buf.find(tag)).flatten() {
+                            if found.is_none_or(|(f, _)| at < f) {
+                                found = Some((at, tag));
+                            }
+                        }
+                    }
+                    if let Some((at, tag)) = found {
+                        let before = self.buf[..at].to_string();
+                        // Whitespace between text and a tag is layout.
+                        self.emit_text(out, before.trim_end(), false);
+                        self.buf.drain(..at + tag.len());
+                        if tag == THINK_OPEN {
+                            self.state = State::Think;
+                            self.trim_start = true;
+                        } else {
+                            self.state = State::Tool;
+                            self.args_start = None;
+                            self.args_sent = 0;
+                        }
+                        continue;
+                    }
+                    let keep = if last {
+                        0
+                    } else {
+                        let mut tags = Vec::new();
+                        if self.think {
+                            tags.push(THINK_OPEN);
+                        }
+                        if self.tools {
+                            tags.push(TOOL_OPEN);
+                        }
+                        hold_back(&self.buf, &tags, true)
+                    };
+                    let cut = self.buf.len() - keep;
+                    let text: String = self.buf.drain(..cut).collect();
+                    self.emit_text(out, &text, false);
+                    return;
+                }
+                State::Think => {
+                    if let Some(at) = self.buf.find(THINK_CLOSE) {
+                        let before = self.buf[..at].to_string();
+                        self.emit_text(out, before.trim_end(), true);
+                        self.buf.drain(..at + THINK_CLOSE.len());
+                        self.state = State::Content;
+                        self.trim_start = true;
+                        continue;
+                    }
+                    let keep = if last {
+                        0
+                    } else {
+                        hold_back(&self.buf, &[THINK_CLOSE], true)
+                    };
+                    let cut = self.buf.len() - keep;
+                    let text: String = self.buf.drain(..cut).collect();
+                    self.emit_text(out, &text, true);
+                    return;
+                }
+                State::Tool => {
+                    if self.args_start.is_none() {
+                        if let Some((name, end)) = call_header(&self.buf) {
+                            out.push(Parsed::ToolCallStart {
+                                index: self.calls,
+                                name,
+                            });
+                            self.calls += 1;
+                            self.args_start = Some(end);
+                        }
+                    }
+                    let close = self.buf.find(TOOL_CLOSE);
+                    match (self.args_start, close) {
+                        (Some(start), Some(close)) => {
+                            let args = final_args(&self.buf[start..close]).to_string();
+                            self.send_args(out, &args);
+                            self.buf.drain(..close + TOOL_CLOSE.len());
+                            self.end_call();
+                            continue;
+                        }
+                        (None, Some(close)) => {
+                            // No `{"name": …, "arguments": …` header: try the
+                            // whole block as JSON, else give it back as text.
+                            let inner = self.buf[..close].to_string();
+                            self.buf.drain(..close + TOOL_CLOSE.len());
+                            match whole_call(&inner) {
+                                Some((name, args)) => {
+                                    out.push(Parsed::ToolCallStart {
+                                        index: self.calls,
+                                        name,
+                                    });
+                                    out.push(Parsed::ToolCallArgs {
+                                        index: self.calls,
+                                        text: args,
+                                    });
+                                    self.calls += 1;
+                                }
+                                None => {
+                                    let raw = format!("{TOOL_OPEN}{inner}{TOOL_CLOSE}");
+                                    self.emit_text(out, &raw, false);
+                                }
+                            }
+                            self.end_call();
+                            continue;
+                        }
+                        (Some(start), None) => {
+                            let region = &self.buf[start..];
+                            let safe = if last {
+                                final_args(region).len()
+                            } else {
+                                safe_args_len(region)
+                            };
+                            let args = region[..safe].to_string();
+                            self.send_args(out, &args);
+                            if last {
+                                self.buf.clear();
+                                self.end_call();
+                            }
+                            return;
+                        }
+                        (None, None) => {
+                            if last {
+                                let raw = format!("{TOOL_OPEN}{}", self.buf);
+                                self.buf.clear();
+                                self.emit_text(out, &raw, false);
+                                self.end_call();
+                            }
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Send `args[self.args_sent..]` for the current call.
+    fn send_args(&mut self, out: &mut Vec<Parsed>, args: &str) {
+        if args.len() > self.args_sent {
+            let text = args[self.args_sent..].to_string();
+            self.args_sent = args.len();
+            out.push(Parsed::ToolCallArgs {
+                index: self.calls - 1,
+                text,
+            });
+        }
+    }
+
+    fn end_call(&mut self) {
+        self.state = State::Content;
+        self.args_start = None;
+        self.args_sent = 0;
+        self.trim_start = true;
+    }
+}
+
+/// Length of the longest suffix of `buf` that is a proper prefix of one of
+/// `tags`, plus (with `ws`) the whitespace right before it.
+fn hold_back(buf: &str, tags: &[&str], ws: bool) -> usize {
+    let mut keep = 0;
+    for tag in tags {
+        for k in (1..tag.len().min(buf.len() + 1)).rev() {
+            if buf.ends_with(&tag[..k]) {
+                keep = keep.max(k);
+                break;
+            }
+        }
+    }
+    if ws {
+        let rest = &buf[..buf.len() - keep];
+        keep += rest.len() - rest.trim_end().len();
+    }
+    keep
+}
+
+/// `{"name": "NAME", "arguments": ` at the start of a tool call: the name
+/// and where the arguments begin. `None` until all of it is there.
+fn call_header(buf: &str) -> Option<(String, usize)> {
+    let b = buf.as_bytes();
+    let mut i = 0;
+    let skip_ws = |i: &mut usize| {
+        while *i < b.len() && b[*i].is_ascii_whitespace() {
+            *i += 1;
+        }
+    };
+    let expect = |i: &mut usize, lit: &str| -> Option<()> {
+        if b.get(*i..*i + lit.len())? == lit.as_bytes() {
+            *i += lit.len();
+            Some(())
+        } else {
+            None
+        }
+    };
+    skip_ws(&mut i);
+    expect(&mut i, "{")?;
+    skip_ws(&mut i);
+    expect(&mut i, "\"name\"")?;
+    skip_ws(&mut i);
+    expect(&mut i, ":")?;
+    skip_ws(&mut i);
+    let name_start = i;
+    expect(&mut i, "\"")?;
+    loop {
+        match b.get(i)? {
+            b'\\' => i += 2,
+            b'"' => {
+                i += 1;
+                break;
+            }
+            _ => i += 1,
+        }
+    }
+    let name: String = serde_json::from_str(buf.get(name_start..i)?).ok()?;
+    skip_ws(&mut i);
+    expect(&mut i, ",")?;
+    skip_ws(&mut i);
+    expect(&mut i, "\"arguments\"")?;
+    skip_ws(&mut i);
+    expect(&mut i, ":")?;
+    skip_ws(&mut i);
+    // Wait for the first character of the value.
+    b.get(i)?;
+    Some((name, i))
+}
+
+/// The arguments text once the block is closed: without the call object's
+/// closing brace and the whitespace around it.
+fn final_args(region: &str) -> &str {
+    let t = region.trim_end();
+    t.strip_suffix('}').unwrap_or(t).trim_end()
+}
+
+/// How much of an open call's arguments can be sent: all but what may be the
+/// call object's closing brace, trailing whitespace, or a partial close tag.
+fn safe_args_len(region: &str) -> usize {
+    let mut end = region.len() - hold_back(region, &[TOOL_CLOSE], true);
+    let t = &region[..end];
+    if t.ends_with('}') {
+        end -= 1;
+        end = region[..end].trim_end().len();
+    }
+    end
+}
+
+/// A whole `<tool_call>` body as JSON: `{"name", "arguments"}`.
+fn whole_call(inner: &str) -> Option<(String, String)> {
+    let v: serde_json::Value = serde_json::from_str(inner.trim()).ok()?;
+    let name = v.get("name")?.as_str()?.to_string();
+    let args = match v.get("arguments") {
+        None | Some(serde_json::Value::Null) => "{}".to_string(),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(a) => a.to_string(),
+    };
+    Some((name, args))
+}
+
+/// The parts of a finished answer, gathered from [`Parsed`] events.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Collected {
+    pub content: String,
+    pub reasoning: String,
+    /// (name, arguments JSON text) per call.
+    pub calls: Vec<(String, String)>,
+}
+
+impl Collected {
+    pub fn add(&mut self, events: Vec<Parsed>) {
+        for e in events {
+            match e {
+                Parsed::Content(t) => self.content.push_str(&t),
+                Parsed::Reasoning(t) => self.reasoning.push_str(&t),
+                Parsed::ToolCallStart { name, .. } => self.calls.push((name, String::new())),
+                Parsed::ToolCallArgs { index, text } => {
+                    if let Some(c) = self.calls.get_mut(index as usize) {
+                        c.1.push_str(&text);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_split(text: &str, split: usize, tools: bool, think: bool) -> Collected {
+        let mut p = ChatParser::new(tools, think, false);
+        let mut c = Collected::default();
+        let chars: Vec<char> = text.chars().collect();
+        for chunk in chars.chunks(split.max(1)) {
+            c.add(p.push(&chunk.iter().collect::<String>()));
+        }
+        c.add(p.finish());
+        c
+    }
+
+    /// The same result for every way of splitting the text.
+    fn parse_all(text: &str, tools: bool, think: bool) -> Collected {
+        let whole = parse_split(text, usize::MAX, tools, think);
+        for split in 1..12 {
+            assert_eq!(
+                parse_split(text, split, tools, think),
+                whole,
+                "split {split}"
+            );
+        }
+        whole
+    }
+
+    #[test]
+    fn plain_text_passes_through() {
+        let c = parse_all("Hello, <b>world</b> < x", true, true);
+        assert_eq!(c.content, "Hello, <b>world</b> < x");
+        assert!(c.calls.is_empty());
+    }
+
+    #[test]
+    fn qwen_tool_call() {
+        let text = "I'll check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": {\"c\": true}}}\n</tool_call>";
+        let c = parse_all(text, true, true);
+        assert_eq!(c.content, "I'll check.");
+        assert_eq!(c.calls.len(), 1);
+        assert_eq!(c.calls[0].0, "get_weather");
+        let args: serde_json::Value = serde_json::from_str(&c.calls[0].1).unwrap();
+        assert_eq!(
+            args,
+            serde_json::json!({"city": "Paris", "unit": {"c": true}})
+        );
+    }
+
+    #[test]
+    fn two_calls_and_no_content() {
+        let text = "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": \"}\"}}\n</tool_call>";
+        let c = parse_all(text, true, false);
+        assert_eq!(c.content, "");
+        assert_eq!(
+            c.calls,
+            vec![
+                ("a".to_string(), "{}".to_string()),
+                ("b".to_string(), "{\"x\": \"}\"}".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn name_comes_before_arguments_when_streamed() {
+        let mut p = ChatParser::new(true, false, false);
+        let mut events = Vec::new();
+        for piece in [
+            "<tool_call>\n{\"name\": \"f",
+            "oo\", \"arguments\": {\"q\"",
+            ": 1}}\n</tool",
+            "_call>",
+        ] {
+            events.extend(p.push(piece));
+        }
+        events.extend(p.finish());
+        assert_eq!(
+            events[0],
+            Parsed::ToolCallStart {
+                index: 0,
+                name: "foo".into()
+            }
+        );
+        let args: String = events[1..]
+            .iter()
+            .map(|e| match e {
+                Parsed::ToolCallArgs { index: 0, text } => text.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(args, "{\"q\": 1}");
+        assert!(events.len() >= 3, "arguments came in more than one chunk");
+    }
+
+    #[test]
+    fn arguments_first_or_string_arguments() {
+        let c = parse_all(
+            "<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"f\"}</tool_call>",
+            true,
+            false,
+        );
+        assert_eq!(c.calls, vec![("f".into(), "{\"a\":1}".into())]);
+    }
+
+    #[test]
+    fn broken_call_is_text() {
+        let c = parse_all("<tool_call>not json</tool_call> ok", true, false);
+        assert_eq!(c.content, "<tool_call>not json</tool_call>ok");
+        assert!(c.calls.is_empty());
+        let c = parse_all("x <tool_call>{\"na", true, false);
+        assert_eq!(c.content, "x<tool_call>{\"na");
+    }
+
+    #[test]
+    fn tools_off_leaves_tags() {
+        let t = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
+        assert_eq!(parse_all(t, false, true).content, t);
+    }
+
+    #[test]
+    fn thinking_is_reasoning() {
+        let c = parse_all("<think>\nLet me see.\n</think>\n\nIt is 4.", false, true);
+        assert_eq!(c.reasoning, "Let me see.");
+        assert_eq!(c.content, "It is 4.");
+        // The template opened the block already.
+        let mut p = ChatParser::new(false, true, true);
+        let mut c = Collected::default();
+        c.add(p.push("\nhmm</th"));
+        c.add(p.push("ink>\n\nyes"));
+        c.add(p.finish());
+        assert_eq!(c.reasoning, "hmm");
+        assert_eq!(c.content, "yes");
+    }
+
+    #[test]
+    fn think_then_tool_call() {
+        let c = parse_all(
+            "<think>need weather</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"Oslo\"}}\n</tool_call>",
+            true,
+            true,
+        );
+        assert_eq!(c.reasoning, "need weather");
+        assert_eq!(c.content, "");
+        assert_eq!(c.calls, vec![("w".into(), "{\"c\": \"Oslo\"}".into())]);
+    }
+
+    #[test]
+    fn unclosed_call_at_end_keeps_arguments() {
+        let c = parse_all(
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
+            true,
+            false,
+        );
+        assert_eq!(c.calls, vec![("f".into(), "{\"a\": 1}".into())]);
+    }
+}

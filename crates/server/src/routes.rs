@@ -1,0 +1,340 @@
+//! The HTTP routes, authentication and request counting.
+
+use crate::api::{ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingFields};
+use crate::engine::{EngineHandle, Event, Job};
+use crate::error::{parse_json, ApiError};
+use crate::metrics::Metrics;
+use crate::parse::ChatParser;
+use crate::request::{self, GenParams, Limits};
+use crate::stream::{self, ChatChunker, CompletionChunker, Meta, SseStream};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use redlite_tokenizer::{ChatTemplate, Tokenizer};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::mpsc::unbounded_channel;
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<Arc<ChatTemplate>>,
+    pub model_id: String,
+    pub n_vocab: usize,
+    pub limits: Limits,
+    /// Queued plus running requests allowed before 503.
+    pub parallel_queue: usize,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    pub metrics: Arc<Metrics>,
+    pub created: u64,
+}
+
+pub type Shared = Arc<AppState>;
+
+/// The routes (OpenAI's under `/v1`, llama-server's aliases without it).
+pub fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .with_state(state)
+}
+
+const ENDPOINTS: &[&str] = &[
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/completions",
+    "/completions",
+    "/v1/models",
+    "/models",
+    "/health",
+    "/v1/health",
+    "/metrics",
+];
+
+/// Count every answer by endpoint and status.
+async fn count(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let endpoint = ENDPOINTS
+        .iter()
+        .find(|e| **e == path)
+        .copied()
+        .unwrap_or("other");
+    let resp = next.run(req).await;
+    s.metrics.count_request(endpoint, resp.status().as_u16());
+    resp
+}
+
+/// With `--api-key`, every route but `/health` needs `Authorization: Bearer KEY`.
+async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.api_key {
+        let path = req.uri().path();
+        if path != "/health" && path != "/v1/health" {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim);
+            if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
+                return ApiError::Unauthorized.into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// Constant-time equality (the key is a secret).
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::NotFound {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn models(State(s): State<Shared>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: s.model_id.clone(),
+            object: "model",
+            created: s.created,
+            owned_by: "redlite",
+        }],
+    })
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+/// The body as a JSON object; 413 over the limit, 400 when it is not JSON.
+fn json_body(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<serde_json::Value, ApiError> {
+    let bytes = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge { limit }
+        } else {
+            ApiError::BadRequest {
+                message: format!("could not read the request body: {e}"),
+                param: None,
+                code: None,
+            }
+        }
+    })?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest {
+            message: format!("We could not parse the JSON body of your request: {e}"),
+            param: None,
+            code: Some("invalid_json"),
+        })?;
+    if !v.is_object() {
+        return Err(ApiError::BadRequest {
+            message: "the request body must be a JSON object".into(),
+            param: None,
+            code: Some("invalid_json"),
+        });
+    }
+    Ok(v)
+}
+
+/// Queue a job, or 503 when the queue is full.
+fn submit(
+    s: &AppState,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    g: &GenParams,
+) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, ApiError> {
+    let queued =
+        s.metrics.queued.load(Ordering::SeqCst) + s.metrics.processing.load(Ordering::SeqCst);
+    if queued >= s.parallel_queue {
+        return Err(ApiError::Busy {
+            queued,
+            limit: s.parallel_queue,
+        });
+    }
+    let (tx, rx) = unbounded_channel();
+    let job = Job {
+        prompt,
+        max_tokens,
+        sampler: g.sampler.clone(),
+        stop: g.stop.clone(),
+        events: tx,
+    };
+    if !s.engine.submit(job) {
+        return Err(ApiError::Internal("the engine thread stopped".into()));
+    }
+    Ok(rx)
+}
+
+fn sse_response(stream: SseStream) -> Response {
+    let mut resp = Response::new(Body::from_stream(stream));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+/// What the chat template produced for one request.
+struct ChatPrompt {
+    ids: Vec<u32>,
+    /// Text appended to force a tool call.
+    prefix: String,
+    /// The prompt ends inside an open `<think>` block.
+    in_think: bool,
+}
+
+async fn chat(
+    State(s): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let v = json_body(body, s.max_body_bytes)?;
+    let req: ChatCompletionRequest = parse_json(&v)?;
+    let sampling: SamplingFields = parse_json(&v)?;
+    let g = request::gen_params(&sampling, &s.limits)?;
+    let messages = request::chat_messages(&req.messages)?;
+    let plan = request::tool_plan(&req.tools, &req.tool_choice)?;
+    let enable_thinking = match req
+        .chat_template_kwargs
+        .as_ref()
+        .and_then(|k| k.get("enable_thinking"))
+    {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::Bool(b)) => Some(*b),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs.enable_thinking",
+                "`enable_thinking` must be a boolean",
+            ))
+        }
+    };
+    let Some(template) = s.template.clone() else {
+        return Err(ApiError::invalid(
+            "messages",
+            "this model file has no chat template: use /v1/completions",
+        ));
+    };
+    let tok = s.tokenizer.clone();
+    let think = tok.token_to_id("<think>").is_some();
+    let forced = plan.forced_prefix.clone();
+    let tools = plan.tools.clone();
+    // Rendering and tokenizing take a while for long conversations.
+    let p = tokio::task::spawn_blocking(move || -> Result<ChatPrompt, ApiError> {
+        let text = template
+            .render(&messages, tools.as_ref(), true, enable_thinking)
+            .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
+        let in_think = think && text.trim_end().ends_with("<think>");
+        let prefix = if in_think && !forced.is_empty() {
+            format!("\n</think>\n\n{forced}")
+        } else {
+            forced
+        };
+        let ids = tok.encode(&format!("{text}{prefix}"), true);
+        Ok(ChatPrompt {
+            ids,
+            prefix,
+            in_think,
+        })
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    request::check_prompt_len(p.ids.len(), &s.limits, "messages")?;
+    let budget = g.budget(p.ids.len(), &s.limits, s.limits.max_tokens_limit);
+    let mut rx = submit(&s, p.ids, budget, &g)?;
+    let meta = Meta {
+        id: stream::new_id("chatcmpl-"),
+        created: stream::now_secs(),
+        model: s.model_id.clone(),
+    };
+    let parser = ChatParser::new(plan.parse, think, p.in_think);
+    if g.stream {
+        let chunker = ChatChunker::new(meta, parser, p.prefix, g.include_usage);
+        return Ok(sse_response(SseStream::new(rx, Box::new(chunker))));
+    }
+    let (text, done) = stream::collect(&mut rx).await?;
+    Ok(Json(stream::chat_completion(
+        &meta, parser, &p.prefix, &text, &done,
+    ))
+    .into_response())
+}
+
+async fn completions(
+    State(s): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let v = json_body(body, s.max_body_bytes)?;
+    let req: CompletionRequest = parse_json(&v)?;
+    let sampling: SamplingFields = parse_json(&v)?;
+    let g = request::gen_params(&sampling, &s.limits)?;
+    let tok = s.tokenizer.clone();
+    let n_vocab = s.n_vocab;
+    let ids = tokio::task::spawn_blocking(move || {
+        request::completion_prompt(&req.prompt, |t| tok.encode(t, true), n_vocab)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    request::check_prompt_len(ids.len(), &s.limits, "prompt")?;
+    // OpenAI's default for legacy completions is 16 tokens.
+    let budget = g.budget(ids.len(), &s.limits, 16);
+    let mut rx = submit(&s, ids, budget, &g)?;
+    let meta = Meta {
+        id: stream::new_id("cmpl-"),
+        created: stream::now_secs(),
+        model: s.model_id.clone(),
+    };
+    if g.stream {
+        let chunker = CompletionChunker {
+            meta,
+            include_usage: g.include_usage,
+        };
+        return Ok(sse_response(SseStream::new(rx, Box::new(chunker))));
+    }
+    let (text, done) = stream::collect(&mut rx).await?;
+    Ok(Json(stream::completion(&meta, text, &done)).into_response())
+}
