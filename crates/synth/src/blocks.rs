@@ -103,7 +103,7 @@ pub fn fill_blocks(
         return Err(SynthError::NoGenerator(ty));
     }
     let ts = ty.type_size();
-    if out.len() % ts != 0 {
+    if !out.len().is_multiple_of(ts) {
         return Err(SynthError::Io(format!(
             "{} bytes are not whole {ty} blocks",
             out.len()

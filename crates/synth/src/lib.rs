@@ -209,7 +209,7 @@ impl Plan {
         let mut rng = BlockRng::new(key, first / F32_UNIT);
         for (i, o) in out.chunks_exact_mut(4).enumerate() {
             let j = first + i as u64;
-            if j % F32_UNIT == 0 {
+            if j.is_multiple_of(F32_UNIT) {
                 rng = BlockRng::new(key, j / F32_UNIT);
             }
             let v = match init {

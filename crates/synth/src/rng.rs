@@ -72,7 +72,7 @@ impl BlockRng {
     #[inline]
     pub fn int_in(&mut self, lo: u32, hi: u32) -> u32 {
         let span = u64::from(hi - lo + 1);
-        lo + ((self.next_u64() >> 32) * span >> 32) as u32
+        lo + (((self.next_u64() >> 32) * span) >> 32) as u32
     }
 
     /// Standard normal (Box-Muller, one value per call).

@@ -64,7 +64,7 @@ impl Shapes {
 
     /// Layer `i` is Gated DeltaNet (true) or full attention (false).
     pub fn is_recurrent(&self, i: usize) -> bool {
-        (i + 1) % self.full_attention_interval as usize != 0
+        !(i + 1).is_multiple_of((self.full_attention_interval as usize).max(1))
     }
 
     pub fn key_dim(&self) -> u64 {

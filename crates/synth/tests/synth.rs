@@ -85,7 +85,11 @@ fn shapes_and_types_match_the_spec_table() {
     for layout in Layout::ALL {
         let p = plan(layout, 48, 0);
         let n_attn = (0..48)
-            .filter(|i| p.tensors.iter().any(|t| t.name == format!("blk.{i}.attn_q.weight")))
+            .filter(|i| {
+                p.tensors
+                    .iter()
+                    .any(|t| t.name == format!("blk.{i}.attn_q.weight"))
+            })
             .count();
         assert_eq!(n_attn, 12);
         // Attention layers: 2 norms + 6 attention tensors + 8 FFN tensors;
@@ -114,7 +118,11 @@ fn shapes_and_types_match_the_spec_table() {
 fn metadata_matches_qwen3next_md() {
     let p = plan(Layout::Iq2, 6, 3);
     let m = &p.metadata;
-    let u = |k: &str| m.get(&format!("qwen3next.{k}")).and_then(|v| v.as_int()).unwrap();
+    let u = |k: &str| {
+        m.get(&format!("qwen3next.{k}"))
+            .and_then(|v| v.as_int())
+            .unwrap()
+    };
     assert_eq!(m.get_str("general.architecture").unwrap(), "qwen3next");
     for (k, v) in [
         ("block_count", 6),
@@ -140,14 +148,19 @@ fn metadata_matches_qwen3next_md() {
     }
     assert_eq!(m.get_f32("qwen3next.rope.freq_base").unwrap(), 1e7);
     assert_eq!(
-        m.get_f32("qwen3next.attention.layer_norm_rms_epsilon").unwrap(),
+        m.get_f32("qwen3next.attention.layer_norm_rms_epsilon")
+            .unwrap(),
         1e-6
     );
     assert_eq!(
-        m.get_bool_array("qwen3next.attention.recurrent_layers").unwrap(),
+        m.get_bool_array("qwen3next.attention.recurrent_layers")
+            .unwrap(),
         vec![true, true, true, false, true, true]
     );
-    assert_eq!(m.get_str_array("tokenizer.ggml.tokens").unwrap().len(), 151936);
+    assert_eq!(
+        m.get_str_array("tokenizer.ggml.tokens").unwrap().len(),
+        151936
+    );
     assert!(m.get_str("tokenizer.chat_template").is_ok());
     assert_eq!(m.get_str("tokenizer.ggml.pre").unwrap(), "qwen2");
 }
@@ -195,7 +208,9 @@ fn dequantized_blocks_are_finite_with_the_intended_std() {
     for layout in Layout::ALL {
         let p = plan(layout, 4, 5);
         for (i, t) in p.tensors.iter().enumerate() {
-            let Init::Random { std } = t.init else { continue };
+            let Init::Random { std } = t.init else {
+                continue;
+            };
             let n_blocks = 2048.min(t.n_bytes() / t.ty.type_size() as u64);
             let bytes = bytes_in_pieces(&p, i, 0, n_blocks, n_blocks);
             let mut y = vec![0f32; n_blocks as usize * t.ty.block_size()];
@@ -203,8 +218,17 @@ fn dequantized_blocks_are_finite_with_the_intended_std() {
             assert!(y.iter().all(|v| v.is_finite()), "{}", t.name);
             let n = y.len() as f64;
             let mean = y.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-            let sd = (y.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n).sqrt();
-            assert!((sd / std - 1.0).abs() < 0.05, "{layout} {}: std {sd} want {std}", t.name);
+            let sd = (y
+                .iter()
+                .map(|&v| (f64::from(v) - mean).powi(2))
+                .sum::<f64>()
+                / n)
+                .sqrt();
+            assert!(
+                (sd / std - 1.0).abs() < 0.05,
+                "{layout} {}: std {sd} want {std}",
+                t.name
+            );
             assert!(mean.abs() < 0.05 * std, "{layout} {}: mean {mean}", t.name);
         }
         // The small F32 tensors.
@@ -265,7 +289,10 @@ fn bad_input_is_a_typed_error() {
     ));
     // A tokenizer with the wrong vocabulary size.
     let mut w = redlite_gguf::GgufWriter::new();
-    w.add_kv("tokenizer.ggml.tokens", MetadataValue::string_array(["a", "b"]));
+    w.add_kv(
+        "tokenizer.ggml.tokens",
+        MetadataValue::string_array(["a", "b"]),
+    );
     w.write(&path).unwrap();
     assert!(matches!(
         Plan::new(Layout::Iq2, 1, 0, &TokenizerSource::File(path.clone())),
@@ -276,7 +303,11 @@ fn bad_input_is_a_typed_error() {
     assert!(p.fill(p.tensors.len(), 0, &mut buf).is_err());
     // Output into a missing directory.
     assert!(matches!(
-        write(&p, Path::new("/nonexistent/dir/x.gguf"), &WriteOptions::default()),
+        write(
+            &p,
+            Path::new("/nonexistent/dir/x.gguf"),
+            &WriteOptions::default()
+        ),
         Err(SynthError::Gguf(_))
     ));
 }
@@ -357,7 +388,10 @@ fn written_files_are_deterministic_and_load() {
     }
     for name in ["blk.0.ffn_down_exps.weight", "blk.0.ssm_a", "output.weight"] {
         let i = p1.index_of(name).unwrap();
-        assert_eq!(f.tensor(name).unwrap().data, &p1.tensor_bytes(i).unwrap()[..]);
+        assert_eq!(
+            f.tensor(name).unwrap().data,
+            &p1.tensor_bytes(i).unwrap()[..]
+        );
     }
     assert_eq!(f.metadata().get_u64("redlite.synth.seed").unwrap(), 7);
     drop(f);
@@ -381,7 +415,12 @@ fn written_files_are_deterministic_and_load() {
     let last = &logits[(toks.len() - 1) * 151936..];
     let n = last.len() as f64;
     let mean = last.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-    let sd = (last.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n).sqrt();
+    let sd = (last
+        .iter()
+        .map(|&v| (f64::from(v) - mean).powi(2))
+        .sum::<f64>()
+        / n)
+        .sqrt();
     println!("--layers 4: logits mean {mean:.3} std {sd:.3}");
     assert!(sd > 1.0 && sd < 10.0, "logit std {sd}");
     // Routing in the real forward: consecutive tokens share some experts.
