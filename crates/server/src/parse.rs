@@ -1,7 +1,10 @@
 //! Qwen's assistant output, parsed as it streams: `<think>…</think>` becomes
 //! reasoning, `<tool_call>{"name": …, "arguments": {…}}</tool_call>` becomes
 //! an OpenAI tool call (the name as soon as it is complete, then the
-//! arguments' JSON text in chunks), the rest is content.
+//! arguments' JSON text in chunks), the rest is content. Like llama.cpp's
+//! Hermes/Qwen parser, an answer that *starts* with a bare
+//! `{"name": …, "arguments": …}` object (optionally in a ```` ```json ````
+//! fence) is a tool call too: small Qwen models often drop the tags.
 
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
@@ -48,6 +51,15 @@ pub struct ChatParser {
     args_start: Option<usize>,
     /// Bytes of the arguments already sent.
     args_sent: usize,
+    /// Nothing but whitespace has been seen since the start or the last
+    /// bare call: a bare JSON call may begin here.
+    at_start: bool,
+    /// The current call is a bare JSON object (no tags).
+    bare: bool,
+    /// The current bare call sits in a code fence.
+    fenced: bool,
+    /// Drop a closing code fence that may follow.
+    skip_fence: bool,
 }
 
 impl ChatParser {
@@ -67,6 +79,10 @@ impl ChatParser {
             calls: 0,
             args_start: None,
             args_sent: 0,
+            at_start: true,
+            bare: false,
+            fenced: false,
+            skip_fence: false,
         }
     }
 
@@ -116,6 +132,35 @@ impl ChatParser {
         loop {
             match self.state {
                 State::Content => {
+                    if self.skip_fence {
+                        let t = self.buf.trim_start();
+                        if let Some(rest) = t.strip_prefix("```") {
+                            let drop = self.buf.len() - rest.len();
+                            self.buf.drain(..drop);
+                            self.skip_fence = false;
+                            continue;
+                        }
+                        if !last && "```".starts_with(t) {
+                            return;
+                        }
+                        self.skip_fence = false;
+                    }
+                    if self.tools && self.at_start {
+                        match bare_start(&self.buf) {
+                            Bare::Yes { obj_at, fenced } => {
+                                self.buf.drain(..obj_at);
+                                self.state = State::Tool;
+                                self.bare = true;
+                                self.fenced = fenced;
+                                self.args_start = None;
+                                self.args_sent = 0;
+                                self.at_start = false;
+                                continue;
+                            }
+                            Bare::Maybe if !last => return,
+                            _ => self.at_start = false,
+                        }
+                    }
                     let mut found: Option<(usize, &str)> = None;
                     for (on, tag) in [(self.think, THINK_OPEN), (self.tools, TOOL_OPEN)] {
                         if let Some(at) = on.then(|| self.buf.find(tag)).flatten() {
@@ -134,6 +179,7 @@ impl ChatParser {
                             self.trim_start = true;
                         } else {
                             self.state = State::Tool;
+                            self.bare = false;
                             self.args_start = None;
                             self.args_sent = 0;
                         }
@@ -186,20 +232,25 @@ impl ChatParser {
                             self.args_start = Some(end);
                         }
                     }
-                    let close = self.buf.find(TOOL_CLOSE);
+                    // Where the block's text ends, and where what follows begins.
+                    let close = if self.bare {
+                        object_end(&self.buf).map(|e| (e + 1, e + 1))
+                    } else {
+                        self.buf.find(TOOL_CLOSE).map(|c| (c, c + TOOL_CLOSE.len()))
+                    };
                     match (self.args_start, close) {
-                        (Some(start), Some(close)) => {
-                            let args = final_args(&self.buf[start..close]).to_string();
+                        (Some(start), Some((end, next))) => {
+                            let args = final_args(&self.buf[start..end]).to_string();
                             self.send_args(out, &args);
-                            self.buf.drain(..close + TOOL_CLOSE.len());
+                            self.buf.drain(..next);
                             self.end_call();
                             continue;
                         }
-                        (None, Some(close)) => {
+                        (None, Some((end, next))) => {
                             // No `{"name": …, "arguments": …` header: try the
                             // whole block as JSON, else give it back as text.
-                            let inner = self.buf[..close].to_string();
-                            self.buf.drain(..close + TOOL_CLOSE.len());
+                            let inner = self.buf[..end].to_string();
+                            self.buf.drain(..next);
                             match whole_call(&inner) {
                                 Some((name, args)) => {
                                     out.push(Parsed::ToolCallStart {
@@ -213,7 +264,11 @@ impl ChatParser {
                                     self.calls += 1;
                                 }
                                 None => {
-                                    let raw = format!("{TOOL_OPEN}{inner}{TOOL_CLOSE}");
+                                    let raw = if self.bare {
+                                        inner
+                                    } else {
+                                        format!("{TOOL_OPEN}{inner}{TOOL_CLOSE}")
+                                    };
                                     self.emit_text(out, &raw, false);
                                 }
                             }
@@ -237,7 +292,8 @@ impl ChatParser {
                         }
                         (None, None) => {
                             if last {
-                                let raw = format!("{TOOL_OPEN}{}", self.buf);
+                                let open = if self.bare { "" } else { TOOL_OPEN };
+                                let raw = format!("{open}{}", self.buf);
                                 self.buf.clear();
                                 self.emit_text(out, &raw, false);
                                 self.end_call();
@@ -267,6 +323,12 @@ impl ChatParser {
         self.args_start = None;
         self.args_sent = 0;
         self.trim_start = true;
+        if self.bare {
+            self.skip_fence = self.fenced;
+            self.at_start = true;
+        }
+        self.bare = false;
+        self.fenced = false;
     }
 }
 
@@ -287,6 +349,103 @@ fn hold_back(buf: &str, tags: &[&str], ws: bool) -> usize {
         keep += rest.len() - rest.trim_end().len();
     }
     keep
+}
+
+enum Bare {
+    /// A bare call begins at byte `obj_at` (its `{`).
+    Yes {
+        obj_at: usize,
+        fenced: bool,
+    },
+    /// Too little text to tell.
+    Maybe,
+    No,
+}
+
+/// Does `buf` start (after whitespace and an optional ```` ```json ````
+/// fence) with `{ "name"`?
+fn bare_start(buf: &str) -> Bare {
+    let skip_ws = |i: usize| buf.len() - buf[i..].trim_start().len();
+    // Some(true): `lit` is there; Some(false): only its beginning so far.
+    let lit = |i: usize, lit: &str| -> Option<bool> {
+        let rest = &buf[i..];
+        if rest.starts_with(lit) {
+            Some(true)
+        } else if lit.starts_with(rest) {
+            Some(false)
+        } else {
+            None
+        }
+    };
+    let mut i = skip_ws(0);
+    let mut fenced = false;
+    if i == buf.len() {
+        return Bare::Maybe;
+    }
+    if buf[i..].starts_with('`') {
+        match lit(i, "```") {
+            None => return Bare::No,
+            Some(false) => return Bare::Maybe,
+            Some(true) => i += 3,
+        }
+        fenced = true;
+        if i == buf.len() {
+            return Bare::Maybe;
+        }
+        if buf[i..].starts_with('j') {
+            match lit(i, "json") {
+                None => return Bare::No,
+                Some(false) => return Bare::Maybe,
+                Some(true) => i += 4,
+            }
+        }
+        i = skip_ws(i);
+        if i == buf.len() {
+            return Bare::Maybe;
+        }
+    }
+    let obj_at = i;
+    if !buf[i..].starts_with('{') {
+        return Bare::No;
+    }
+    i = skip_ws(i + 1);
+    if i == buf.len() {
+        return Bare::Maybe;
+    }
+    match lit(i, "\"name\"") {
+        None => Bare::No,
+        Some(false) => Bare::Maybe,
+        Some(true) => Bare::Yes { obj_at, fenced },
+    }
+}
+
+/// The index of the `}` that closes the JSON object `buf` starts with
+/// (after whitespace), strings and nesting respected.
+fn object_end(buf: &str) -> Option<usize> {
+    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+    for (i, b) in buf.bytes().enumerate() {
+        if in_str {
+            match b {
+                _ if esc => esc = false,
+                b'\\' => esc = true,
+                b'"' => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// `{"name": "NAME", "arguments": ` at the start of a tool call: the name
@@ -540,6 +699,48 @@ mod tests {
         assert_eq!(c.reasoning, "need weather");
         assert_eq!(c.content, "");
         assert_eq!(c.calls, vec![("w".into(), "{\"c\": \"Oslo\"}".into())]);
+    }
+
+    #[test]
+    fn bare_json_call_at_the_start() {
+        let c = parse_all(
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
+            true,
+            false,
+        );
+        assert_eq!(c.content, "");
+        assert_eq!(
+            c.calls,
+            vec![("get_weather".into(), "{\"city\": \"Paris\"}".into())]
+        );
+        // In a code fence, as the 0.5B demo model writes it.
+        let c = parse_all(
+            "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\n    \"city\": \"Paris\"\n  }\n}\n```",
+            true,
+            false,
+        );
+        assert_eq!(c.content, "");
+        assert_eq!(c.calls.len(), 1);
+        let args: serde_json::Value = serde_json::from_str(&c.calls[0].1).unwrap();
+        assert_eq!(args, serde_json::json!({"city": "Paris"}));
+    }
+
+    #[test]
+    fn json_that_is_not_a_call_stays_content() {
+        for t in [
+            "```python\nprint({\"name\": 1})\n```",
+            "{\"answer\": 42}",
+            "Sure: {\"name\": \"x\", \"arguments\": {}}",
+            "`x`",
+            " ",
+        ] {
+            let c = parse_all(t, true, false);
+            assert_eq!(c.content, t, "{t}");
+            assert!(c.calls.is_empty(), "{t}");
+        }
+        // Without tools nothing is a call.
+        let t = "{\"name\": \"f\", \"arguments\": {}}";
+        assert_eq!(parse_all(t, false, false).content, t);
     }
 
     #[test]
