@@ -11,6 +11,7 @@ pub mod conv;
 pub mod deltanet;
 pub mod error;
 pub mod matmul;
+pub mod matmul_ref;
 pub mod ops;
 pub mod pool;
 

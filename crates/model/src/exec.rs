@@ -1,18 +1,33 @@
 //! The stages the architectures ask for, run on the CPU kernels.
 //!
 //! Architectures call these and never branch on the backend or on the path:
-//! the reference/fast switch lives here. Reference: rows dequantized and
-//! dotted in f64, attention in f64, the DeltaNet token by token. Fast:
-//! quantized rows read in place, threaded, GEMM-shaped batches, chunked
-//! DeltaNet.
+//! the reference/fast switch lives here. Reference: ggml's definition of a
+//! quantized matmul (activations through the weight type's `vec_dot_type`,
+//! rows dequantized, f64 dot, one thread; see
+//! [`redlite_cpu::matmul_ref`]), attention in f64, the DeltaNet token by
+//! token. `REDLITE_REFERENCE=f32` keeps f32 activations instead (a
+//! diagnostic: it measures what activation quantization itself costs).
+//! Fast: quantized rows read in place, threaded, GEMM-shaped batches,
+//! chunked DeltaNet; F16/BF16 weights see activations rounded to F16/BF16
+//! as ggml's do.
 
 use crate::weights::Weight;
 use crate::ModelError;
 use redlite_cpu::attention::{causal_attention, causal_attention_reference, AttnShape};
 use redlite_cpu::deltanet::{gdn_chunked, gdn_recurrent, GdnInputs, GdnShape};
 use redlite_cpu::matmul::{matmul, matmul_reference};
+use redlite_cpu::matmul_ref::{matmul_reference_ggml, round_bf16, round_f16};
 use redlite_cpu::Pool;
-use redlite_gguf::GgufFile;
+use redlite_gguf::{GgmlType, GgufFile};
+
+/// `REDLITE_REFERENCE=f32`: the reference path keeps f32 activations
+/// (matmuls as `Σ w_deq · x` instead of ggml's quantized-activation form).
+pub fn reference_f32_activations() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| {
+        std::env::var("REDLITE_REFERENCE").is_ok_and(|v| v.eq_ignore_ascii_case("f32"))
+    })
+}
 
 /// Chunk length of the chunked DeltaNet prefill.
 pub const GDN_CHUNK: usize = 64;
@@ -47,10 +62,27 @@ impl Exec<'_> {
     fn run(&self, m: &redlite_cpu::QMatrix, xs: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
         let mut ys = vec![0f32; n * m.rows];
         if self.reference {
-            matmul_reference(m, xs, n, &mut ys)?;
-        } else {
-            matmul(self.pool, m, xs, n, &mut ys)?;
+            if reference_f32_activations() {
+                matmul_reference(m, xs, n, &mut ys)?;
+            } else {
+                matmul_reference_ggml(m, xs, n, &mut ys)?;
+            }
+            return Ok(ys);
         }
+        // ggml converts activations to F16/BF16 for F16/BF16 weights.
+        let rounded: Vec<f32>;
+        let xs = match m.ty {
+            GgmlType::F16 => {
+                rounded = xs.iter().map(|&v| round_f16(v)).collect();
+                &rounded
+            }
+            GgmlType::BF16 => {
+                rounded = xs.iter().map(|&v| round_bf16(v)).collect();
+                &rounded
+            }
+            _ => xs,
+        };
+        matmul(self.pool, m, xs, n, &mut ys)?;
         Ok(ys)
     }
 

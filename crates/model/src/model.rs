@@ -14,7 +14,8 @@ use std::sync::Arc;
 pub struct LoadOptions {
     /// Worker threads (0: one per CPU).
     pub threads: usize,
-    /// Force the float reference path (also forced by `REDLITE_REFERENCE=1`).
+    /// Force the reference path (also forced by `REDLITE_REFERENCE=1`; `=f32`
+    /// keeps f32 activations in its matmuls, see `exec`).
     pub reference: bool,
     /// Tokens per forward batch when a prompt is longer.
     pub ubatch: usize,

@@ -241,6 +241,67 @@ fn routers_match_transformers() {
     assert!(mismatches <= n_layer * n_seq / 1000, "{mismatches}");
 }
 
+/// Mean and max of the per-row KL(reference || got).
+fn kl_stats(reference: &[f32], got: &[f32], vocab: usize) -> (f64, f64) {
+    let kls: Vec<f64> = reference
+        .chunks(vocab)
+        .zip(got.chunks(vocab))
+        .map(|(a, b)| kl(a, b))
+        .collect();
+    (
+        kls.iter().sum::<f64>() / kls.len() as f64,
+        kls.iter().copied().fold(0.0, f64::max),
+    )
+}
+
+/// Rows `positions` of an `n × vocab` logits matrix.
+fn pick(all: &[f32], positions: &[usize], vocab: usize) -> Vec<f32> {
+    positions
+        .iter()
+        .flat_map(|&p| all[p * vocab..(p + 1) * vocab].to_vec())
+        .collect()
+}
+
+/// Logits of every token, one token per forward.
+fn token_by_token(model: &Model, toks: &[u32]) -> Vec<f32> {
+    let mut s = model.new_session(0);
+    toks.iter()
+        .flat_map(|&t| s.forward(model, &[t], Logits::Last).unwrap())
+        .collect()
+}
+
+/// The KL gate on the quantized fixtures, from the measured noise floor.
+///
+/// The fixture model is random and small, and with quantized weights both
+/// engines quantize every matmul's activations (Q8_0/Q8_K). A float-rounding
+/// difference of 1e-7 somewhere (summation order, chunked vs recurrent
+/// DeltaNet, batch vs single token) eventually moves one activation across
+/// a rounding boundary; that flip changes the element by a whole quantum
+/// (1/127 of its block's max), which moves later activations across more
+/// boundaries. Measured on the committed files (`quantized_layers_match_
+/// llama_cpp` shows it happening: iq2_xxs layer 1, token 3, one Q8_K
+/// element), the difference saturates at the activation-quantization noise
+/// within a few layers, so ANY two correct implementations that are not
+/// bit-identical differ by about the same KL as an engine's prefill differs
+/// from its own token-by-token run (mean KL over the 80 positions):
+///
+/// | file    | llama.cpp prefill vs its token-by-token | ours prefill vs ours token-by-token | ours vs llama.cpp prefill |
+/// |---------|------|------|------|
+/// | q8_0    | 2.6e-4 | 6.9e-4 | 8.0e-4 |
+/// | q4_k_m  | 1.3e-3 | 9.4e-4 | 1.1e-3 |
+/// | iq2_xxs | 1.8e-3 | 6.2e-4 | 1.6e-3 |
+///
+/// So the issue's KL ≤ 1e-3 is kept where the noise floor allows it and
+/// otherwise becomes 2 × the larger of the two engines' own
+/// prefill-vs-token-by-token KL (2×: two realizations of the noise, and
+/// room for a kernel change to move ours), never above 5e-3. This gate alone cannot
+/// tell a small systematic difference from noise (f32 activations instead
+/// of Q8 ones land at 1.1e-3 / 2.2e-3 / 2.8e-3): the sharp check of "same
+/// math as llama.cpp" is the per-layer one before the first flip.
+fn kl_gate(noise_floor: f64) -> f64 {
+    (2.0 * noise_floor).clamp(1e-3, 5e-3)
+}
+
 #[test]
 fn quantized_files_match_llama_cpp() {
     let Some(d) = fixture_dir() else { return };
@@ -265,21 +326,29 @@ fn quantized_files_match_llama_cpp() {
             Value::Array(a) => a.iter().map(|x| x.as_u64().unwrap() as usize).collect(),
             _ => panic!("logits_positions"),
         };
-        let mut s = model.new_session(0);
-        let all = s.forward(&model, &toks, Logits::All).unwrap();
-        let ours: Vec<f32> = positions
-            .iter()
-            .flat_map(|&p| all[p * vocab..(p + 1) * vocab].to_vec())
-            .collect();
-        let kls: Vec<f64> = ll
-            .data
-            .chunks(vocab)
-            .zip(ours.chunks(vocab))
-            .map(|(a, b)| kl(a, b))
-            .collect();
-        let kl_mean = kls.iter().sum::<f64>() / kls.len() as f64;
-        let kl_max = kls.iter().copied().fold(0.0, f64::max);
+        let all = model
+            .new_session(0)
+            .forward(&model, &toks, Logits::All)
+            .unwrap();
+        let ours = pick(&all, &positions, vocab);
+        let ours_step = pick(&token_by_token(&model, &toks), &positions, vocab);
+        let (kl_mean, kl_max) = kl_stats(&ll.data, &ours, vocab);
+        let (kl_step, _) = kl_stats(&ll.data, &ours_step, vocab);
+        let (own_noise, _) = kl_stats(&ours, &ours_step, vocab);
+        // llama.cpp's own prefill vs token-by-token on the same file, where
+        // the fixture has it (`dump_quant.sh`).
+        let dump = d.join(format!("llama_{v}_quant_dump.npz"));
+        let llama_noise = if dump.exists() {
+            kl_stats(&ll.data, &read_npz(&dump)["stepwise_logits"].data, vocab).0
+        } else {
+            0.0
+        };
         let c = compare_rows(&ll.data, &ours, vocab);
+        let gate = if v == "f32" {
+            1e-9
+        } else {
+            kl_gate(own_noise.max(llama_noise))
+        };
         // Greedy from the fixture's prompt, against llama.cpp's tokens.
         let prompt = tokens(&m["greedy"], "prompt");
         let want: Vec<u32> = tokens(ent, "greedy_tokens");
@@ -295,35 +364,216 @@ fn quantized_files_match_llama_cpp() {
             last = s.forward(&model, &[t], Logits::Last).unwrap();
         }
         let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        let divergence = if agree < want.len() {
+            format!(
+                "first divergence at step {agree} (ours {} vs llama.cpp {}), our top-1/top-2 margin there {:.3}",
+                got[agree], want[agree], margins[agree]
+            )
+        } else {
+            "identical".to_string()
+        };
         println!(
-            "{v:>8}: vs llama.cpp at {} positions: KL mean {kl_mean:.3e} max {kl_max:.3e}; max |Δlogit| {:.3e} (range {:.2}); argmax {}/{}; greedy prefix {agree}/{} (our smallest margin before divergence {:.3})",
+            "{v:>8}: vs llama.cpp prefill at {} positions: KL mean {kl_mean:.3e} max {kl_max:.3e} (our token-by-token: {kl_step:.3e}); \
+             noise floor: ours prefill vs token-by-token {own_noise:.3e}, llama.cpp's {llama_noise:.3e}; gate {gate:.2e}; \
+             max |Δlogit| {:.3e} (range {:.2}); argmax {}/{}; greedy {agree}/{}: {divergence}",
             c.n,
             c.max_abs,
             c.range,
             c.argmax_agree,
             c.n,
             want.len(),
-            margins[..=agree.min(margins.len() - 1)].iter().copied().fold(f32::MAX, f32::min)
         );
-        if kl_mean > 1e-3 {
-            failures.push(format!("{v}: KL mean {kl_mean:.3e} > 1e-3"));
-        }
-        // A divergence is acceptable only where our top-1/top-2 margin is small.
-        if agree < want.len() && margins[agree] > 0.1 {
+        if kl_mean > gate || kl_step > gate {
             failures.push(format!(
-                "{v}: greedy diverges at step {agree} with margin {:.3}",
-                margins[agree]
+                "{v}: KL mean {kl_mean:.3e} / token-by-token {kl_step:.3e} > gate {gate:.2e}"
             ));
+        }
+        // Greedy tokens must be identical except where our top-1/top-2
+        // margin at the first divergence is within the noise: 0.1 logits,
+        // below the max |Δlogit| llama.cpp itself shows between its prefill
+        // and token-by-token runs on these files (0.18-0.33 at the 80
+        // positions).
+        if agree < want.len() && margins[agree] > 0.1 {
+            failures.push(format!("{v}: greedy {divergence}"));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// The stages compared per layer (our trace name, llama.cpp's graph name).
+/// The mixer output is `linear_attn_out` (DeltaNet) or `attn_output`.
+const LAYER_STAGES: [&str; 6] = [
+    "attn_norm",
+    "mixer",
+    "attn_post_norm",
+    "ffn_moe_logits",
+    "ffn_out",
+    "l_out",
+];
+
+/// Per token, the worst relative error (|Δ| over the tensor's max |x|)
+/// over every stage of every layer and the logits.
+fn per_token_worst(
+    trace: &redlite_model::trace::Trace,
+    logits: &[f32],
+    get: &dyn Fn(&str) -> Option<Vec<f32>>,
+    n_layer: usize,
+    n_tok: usize,
+) -> Vec<f32> {
+    let mut worst = vec![0f32; n_tok];
+    let mut add = |ours: &[f32], theirs: &[f32]| {
+        assert_eq!(ours.len(), theirs.len());
+        let m = abs_max(theirs).max(1e-12);
+        let w = ours.len() / n_tok;
+        for (t, wt) in worst.iter_mut().enumerate() {
+            let e = max_abs(&ours[t * w..(t + 1) * w], &theirs[t * w..(t + 1) * w]);
+            *wt = wt.max(e / m);
+        }
+    };
+    for il in 0..n_layer {
+        for stage in LAYER_STAGES {
+            let name = if stage == "mixer" {
+                if trace.get(Some(il), "linear_attn_out").is_some() {
+                    "linear_attn_out"
+                } else {
+                    "attn_output"
+                }
+            } else {
+                stage
+            };
+            let ours = &trace.get(Some(il), name).unwrap().data;
+            let theirs = get(&format!("{name}-{il}")).unwrap_or_else(|| panic!("{name}-{il}"));
+            add(ours, &theirs);
+        }
+    }
+    add(logits, &get("logits").unwrap());
+    worst
+}
+
+/// Tokens from the start whose every stage is within `tol`.
+fn leading_within(worst: &[f32], tol: f32) -> usize {
+    worst.iter().take_while(|&&w| w <= tol).count()
+}
+
+/// The sharp check of "same math as llama.cpp" on the quantized files:
+/// every stage of every layer (norms, mixer output, router logits, MoE
+/// output, layer output) and the logits over the first 8 tokens, against
+/// llama.cpp's own graph tensors on the same file (`llama_*_quant_dump.npz`,
+/// made by `scripts/fixtures/qwen3next/dump_quant.sh`), and our reference
+/// path against our fast path the same way. Before any activation-rounding
+/// flip (see [`kl_gate`]) both agree to float rounding (measured ≤ 8e-7
+/// relative on q8_0/q4_k_m for all 8 tokens, bit-identical logits on q8_0);
+/// a wrong activation format (f32 instead of Q8_0/Q8_K) is off by 1.5e-2 at
+/// layer 0. A flip is causal, so tokens before it still agree: we require
+/// agreement on at least the first 3 tokens of each file (iq2_xxs flips one
+/// Q8_K element of layer 1's input at token 3: our attn_norm and llama.cpp's
+/// differ by 2e-7 there, one value lies within 1e-4 of a rounding boundary)
+/// and on all 8 where there is no flip.
+#[test]
+fn quantized_layers_match_llama_cpp() {
+    let Some(d) = fixture_dir() else { return };
+    let m = manifest(&d);
+    let toks: Vec<u32> = tokens(&m, "tokens")[..8].to_vec();
+    const TOL: f32 = 1e-5;
+    let mut failures = Vec::new();
+    for (v, ent) in m["variants"].as_object().unwrap() {
+        let dump = d.join(format!("llama_{v}_quant_dump.npz"));
+        if !dump.exists() {
+            continue;
+        }
+        let z = read_npz(&dump);
+        let file = ent["gguf"].as_str().unwrap();
+        let mut results = Vec::new();
+        for reference in [false, true] {
+            let model = load(&d, file, reference).unwrap();
+            let mut s = model.new_session(0);
+            s.enable_trace();
+            let logits = s.forward(&model, &toks, Logits::All).unwrap();
+            results.push((s, logits, model.arch().n_layer()));
+        }
+        let n_layer = results[0].2;
+        let from_llama = |k: &str| {
+            let key = if k == "logits" {
+                "dump_logits".to_string()
+            } else {
+                format!("t.{k}")
+            };
+            z.get(&key).map(|a| a.data.clone())
+        };
+        let fast_vs_llama = per_token_worst(
+            &results[0].0.trace,
+            &results[0].1,
+            &from_llama,
+            n_layer,
+            toks.len(),
+        );
+        let ref_vs_llama = per_token_worst(
+            &results[1].0.trace,
+            &results[1].1,
+            &from_llama,
+            n_layer,
+            toks.len(),
+        );
+        let ref_trace = &results[1].0.trace;
+        let ref_logits = results[1].1.clone();
+        let from_ref = |k: &str| {
+            if k == "logits" {
+                return Some(ref_logits.clone());
+            }
+            let (name, il) = k.rsplit_once('-').unwrap();
+            ref_trace
+                .get(Some(il.parse().unwrap()), name)
+                .map(|t| t.data.clone())
+        };
+        let fast_vs_ref = per_token_worst(
+            &results[0].0.trace,
+            &results[0].1,
+            &from_ref,
+            n_layer,
+            toks.len(),
+        );
+        let fmt = |w: &[f32]| {
+            w.iter()
+                .map(|x| format!("{x:.1e}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        println!("{v:>8}: worst relative error per token over all layers' stages and the logits");
+        println!("          fast vs llama.cpp      {}", fmt(&fast_vs_llama));
+        println!("          reference vs llama.cpp {}", fmt(&ref_vs_llama));
+        println!("          fast vs reference      {}", fmt(&fast_vs_ref));
+        let need = if v == "iq2_xxs" { 3 } else { toks.len() };
+        for (what, w) in [
+            ("fast vs llama.cpp", &fast_vs_llama),
+            ("reference vs llama.cpp", &ref_vs_llama),
+            ("fast vs reference", &fast_vs_ref),
+        ] {
+            let n = leading_within(w, TOL);
+            if n < need {
+                failures.push(format!(
+                    "{v}: {what}: only the first {n} tokens within {TOL:.0e} (need {need})"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Reference path (ggml's definition of a quantized matmul, f64, scalar;
+/// attention in f64; DeltaNet token by token) vs fast path. They compute
+/// the same function, so they differ by float rounding only (per layer:
+/// `quantized_layers_match_llama_cpp`, ≤ 8e-7 relative before any flip);
+/// at the logits the random model turns that rounding into the
+/// activation-rounding noise floor of [`kl_gate`]. Quantized files: all 320
+/// tokens at llama.cpp's 80 positions, floor = the larger of our fast
+/// prefill vs token-by-token KL and llama.cpp's own on the same positions.
+/// F32: 96 tokens, max |Δlogit| ≤ 1e-4 of the range.
 #[test]
 fn reference_path_matches_fast_path_on_fixtures() {
     let Some(d) = fixture_dir() else { return };
     let m = manifest(&d);
-    let toks: Vec<u32> = tokens(&m, "tokens")[..96].to_vec();
+    let all_toks = tokens(&m, "tokens");
+    let mut failures = Vec::new();
     for (v, ent) in m["variants"].as_object().unwrap() {
         let file = ent["gguf"].as_str().unwrap();
         let (Ok(fast), Ok(refm)) = (load(&d, file, false), load(&d, file, true)) else {
@@ -331,31 +581,54 @@ fn reference_path_matches_fast_path_on_fixtures() {
             continue;
         };
         let vocab = fast.n_vocab();
+        let (toks, positions): (&[u32], Vec<usize>) = match &ent["logits_positions"] {
+            Value::Array(a) => (
+                &all_toks,
+                a.iter().map(|x| x.as_u64().unwrap() as usize).collect(),
+            ),
+            _ => (&all_toks[..96], (0..96).collect()),
+        };
         let a = fast
             .new_session(0)
-            .forward(&fast, &toks, Logits::All)
+            .forward(&fast, toks, Logits::All)
             .unwrap();
         let b = refm
             .new_session(0)
-            .forward(&refm, &toks, Logits::All)
+            .forward(&refm, toks, Logits::All)
             .unwrap();
+        let (a, b) = (pick(&a, &positions, vocab), pick(&b, &positions, vocab));
         let c = compare_rows(&b, &a, vocab);
-        let kls: Vec<f64> = b
-            .chunks(vocab)
-            .zip(a.chunks(vocab))
-            .map(|(x, y)| kl(x, y))
-            .collect();
-        let kl_mean = kls.iter().sum::<f64>() / kls.len() as f64;
-        println!(
-            "{v:>8}: reference vs fast: max |Δlogit| {:.3e} (range {:.2}), KL mean {kl_mean:.3e}, argmax {}/{}",
-            c.max_abs, c.range, c.argmax_agree, c.n
-        );
+        let (kl_mean, kl_max) = kl_stats(&b, &a, vocab);
         if v == "f32" {
-            assert!(c.max_abs <= 1e-4 * c.range);
+            println!(
+                "{v:>8}: reference vs fast ({} tokens): max |Δlogit| {:.3e} (range {:.2}), KL mean {kl_mean:.3e}, argmax {}/{}",
+                c.n, c.max_abs, c.range, c.argmax_agree, c.n
+            );
+            if c.max_abs > 1e-4 * c.range {
+                failures.push(format!("{v}: max |Δlogit| {}", c.max_abs));
+            }
+            continue;
+        }
+        let step = pick(&token_by_token(&fast, toks), &positions, vocab);
+        let (own_noise, _) = kl_stats(&a, &step, vocab);
+        let dump = d.join(format!("llama_{v}_quant_dump.npz"));
+        let llama_noise = if dump.exists() {
+            let ll = read_npy(&d.join(ent["logits_file"].as_str().unwrap()));
+            kl_stats(&ll.data, &read_npz(&dump)["stepwise_logits"].data, vocab).0
         } else {
-            assert!(kl_mean <= 1e-3, "{v}: {kl_mean}");
+            0.0
+        };
+        let gate = kl_gate(own_noise.max(llama_noise));
+        println!(
+            "{v:>8}: reference vs fast at {} positions: max |Δlogit| {:.3e} (range {:.2}), KL mean {kl_mean:.3e} max {kl_max:.3e}, argmax {}/{}; \
+             noise floor: fast prefill vs token-by-token {own_noise:.3e}, llama.cpp's {llama_noise:.3e}; gate {gate:.2e}",
+            c.n, c.max_abs, c.range, c.argmax_agree, c.n
+        );
+        if kl_mean > gate {
+            failures.push(format!("{v}: KL mean {kl_mean:.3e} > gate {gate:.2e}"));
         }
     }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// The fixture reader on files laid out as `np.save` / `np.savez` write
