@@ -3,4 +3,5 @@
 pub mod generate;
 pub mod inspect;
 pub mod memory;
+pub mod modelbench;
 pub mod quantbench;

@@ -1,6 +1,6 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use redlite_cli::{generate, inspect, quantbench};
+use redlite_cli::{generate, inspect, modelbench, quantbench};
 use redlite_gguf::{GgmlType, GgufFile};
 use std::path::PathBuf;
 
@@ -72,6 +72,8 @@ enum BenchCommand {
         #[arg(long, default_value_t = 5)]
         passes: usize,
     },
+    /// Prompt and decode tok/s of a whole model, printed like llama-bench (pp512, tg64@d4096, ...).
+    Model(modelbench::ModelBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -112,6 +114,9 @@ fn main() -> Result<()> {
                 serde_json::to_string(&generate::tokenize(&model, &text, no_special)?)?
             );
         }
+        Command::Bench {
+            what: BenchCommand::Model(args),
+        } => modelbench::run(args)?,
         Command::Bench {
             what:
                 BenchCommand::Quant {
