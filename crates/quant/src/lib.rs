@@ -19,4 +19,7 @@ pub mod registry;
 pub use error::QuantError;
 pub use matvec::{matvec, matvec_f32};
 pub use redlite_gguf::GgmlType;
-pub use registry::{dequantize, dot, kernels, quantize, quantize_activations, Kernels};
+pub use registry::{
+    dequantize, dot, dot_multi, kernels, quantize, quantize_activations, DotMultiFn, Kernels,
+    MULTI_MAX,
+};

@@ -6,6 +6,16 @@ use redlite_gguf::GgmlType;
 /// A quantizer: f32 values (whole blocks) into this format's bytes.
 pub type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
 
+/// One weight row against several activation records: `out[t] =
+/// dot(row, acts[t * stride..][..act_len])` for `t < out.len()`
+/// (`out.len() <= MULTI_MAX`), where `act_len` is the byte length of `row`'s
+/// element count in the activation format. Each weight block is decoded once
+/// and reused for every record (the GEMM kernel of prompt processing).
+pub type DotMultiFn = fn(row: &[u8], acts: &[u8], stride: usize, out: &mut [f32]);
+
+/// The most activation records one [`DotMultiFn`] call takes.
+pub const MULTI_MAX: usize = 8;
+
 /// The kernels of one block format. All slices hold whole blocks.
 pub struct Kernels {
     pub ty: GgmlType,
@@ -21,6 +31,10 @@ pub struct Kernels {
     /// The fast dot product on this machine (SIMD picked at run time), or
     /// the reference when there is none.
     pub dot_fast: fn(row: &[u8], act: &[u8]) -> f32,
+    /// Optional multi-record dot (see [`DotMultiFn`]); its reference is
+    /// `dot_reference` applied to each record. `None`: callers loop over
+    /// `dot_fast`.
+    pub dot_multi: Option<DotMultiFn>,
     /// Quantize f32 values (whole blocks) into this format, if supported.
     pub quantize: Option<QuantizeFn>,
 }
@@ -96,4 +110,47 @@ pub fn dot(ty: GgmlType, row: &[u8], act: &[u8]) -> Result<f32, QuantError> {
     } else {
         (k.dot_fast)(row, act)
     })
+}
+
+/// [`DotMultiFn`] through the table: the type's `dot_multi` when it has one
+/// (and `REDLITE_REFERENCE` is off), else `dot_fast` (or `dot_reference`)
+/// per record. Checks the shapes.
+pub fn dot_multi(
+    ty: GgmlType,
+    row: &[u8],
+    acts: &[u8],
+    stride: usize,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let k = kernels(ty)?;
+    let elems = row.len() / ty.type_size() * ty.block_size();
+    check_blocks(ty, row.len(), elems)?;
+    let act_len = k
+        .vec_dot_type
+        .bytes_for(elems as u64)
+        .ok_or(QuantError::Unsupported(k.vec_dot_type))? as usize;
+    let n = out.len();
+    if n > MULTI_MAX || (n > 0 && (stride < act_len || acts.len() < (n - 1) * stride + act_len)) {
+        return Err(QuantError::Shape {
+            ty,
+            what: format!(
+                "{n} activation records of {act_len} bytes at stride {stride} in {} bytes (at most {MULTI_MAX})",
+                acts.len()
+            ),
+        });
+    }
+    match (use_reference(), k.dot_multi) {
+        (false, Some(f)) => f(row, acts, stride, out),
+        (reference, _) => {
+            let dot = if reference {
+                k.dot_reference
+            } else {
+                k.dot_fast
+            };
+            for (t, o) in out.iter_mut().enumerate() {
+                *o = dot(row, &acts[t * stride..t * stride + act_len]);
+            }
+        }
+    }
+    Ok(())
 }

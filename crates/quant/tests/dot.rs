@@ -164,3 +164,98 @@ fn registry_dot_and_matvec_agree_with_kernels() {
         assert!(matvec(ty, &w, rows, n, &act[..act.len() - 1], &mut out).is_err());
     }
 }
+
+/// `dot_multi` (one row × up to `MULTI_MAX` records, strided and unaligned)
+/// against `dot_fast` per record: bit-for-bit for the K-quant tiles (each
+/// record's arithmetic in the single-row kernel's order), within
+/// `fast_budget` of both `dot_fast` and the reference for the legacy tiles. The registry entry point with a type
+/// that has no `dot_multi` loops over `dot_fast`.
+#[test]
+fn dot_multi_matches_dot_fast_and_reference() {
+    let mut rng = Rng::new(4);
+    let with_multi = [
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
+    // Tiles whose per-record arithmetic is the single-row kernel's, in order.
+    let bitwise = [GgmlType::Q4_K, GgmlType::Q6_K];
+    for &ty in MY_TYPES {
+        let k = kernels(ty).unwrap();
+        assert_eq!(
+            k.dot_multi.is_some(),
+            with_multi.contains(&ty),
+            "{ty}: dot_multi entry"
+        );
+        for &len in lengths(ty) {
+            let row = random_row(&mut rng, ty, len);
+            for n in 0..=redlite_quant::MULTI_MAX {
+                let acts: Vec<Vec<u8>> = (0..n)
+                    .map(|_| quantize_activations(ty, &random_acts(&mut rng, len)).unwrap())
+                    .collect();
+                let act_len = acts.first().map_or(0, |a| a.len());
+                // Records at an odd stride and an odd offset.
+                let stride = act_len + 5;
+                let mut buf = vec![0u8; 3 + n * stride];
+                for (t, a) in acts.iter().enumerate() {
+                    buf[3 + t * stride..3 + t * stride + act_len].copy_from_slice(a);
+                }
+                let mut rs = vec![0u8; row.len() + 1];
+                rs[1..].copy_from_slice(&row);
+                let mut out = vec![f32::NAN; n];
+                redlite_quant::dot_multi(ty, &rs[1..], &buf[3..], stride, &mut out).unwrap();
+                if let Some(f) = k.dot_multi {
+                    let mut direct = vec![f32::NAN; n];
+                    f(&rs[1..], &buf[3..], stride, &mut direct);
+                    for t in 0..n {
+                        assert_eq!(direct[t].to_bits(), out[t].to_bits(), "{ty}: registry");
+                    }
+                }
+                for (t, a) in acts.iter().enumerate() {
+                    let fast = (k.dot_fast)(&row, a);
+                    if bitwise.contains(&ty) {
+                        assert_eq!(
+                            out[t].to_bits(),
+                            fast.to_bits(),
+                            "{ty} len {len} n {n} record {t}: multi {} vs fast {fast}",
+                            out[t]
+                        );
+                        continue;
+                    }
+                    // Legacy tiles of four records use one accumulator per
+                    // record (the single-row dot two): f32 rounding only.
+                    let mut w = vec![0f32; len];
+                    (k.dequantize)(&row, &mut w);
+                    let mut av = vec![0f32; len];
+                    (kernels(k.vec_dot_type).unwrap().dequantize)(a, &mut av);
+                    let mag = w
+                        .iter()
+                        .zip(&av)
+                        .map(|(&p, &q)| (p as f64 * q as f64).abs())
+                        .sum::<f64>()
+                        .max(f64::MIN_POSITIVE);
+                    let r = (k.dot_reference)(&row, a) as f64;
+                    for (what, v) in [("fast", fast as f64), ("reference", r)] {
+                        let e = (out[t] as f64 - v).abs() / mag;
+                        assert!(
+                            e <= fast_budget(ty),
+                            "{ty} len {len} n {n} record {t}: multi {} vs {what} {v} (rel {e:e})",
+                            out[t]
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Shape errors are reported, not panics.
+    let ty = GgmlType::Q8_0;
+    let row = random_row(&mut rng, ty, 64);
+    let act = quantize_activations(ty, &random_acts(&mut rng, 64)).unwrap();
+    let mut out = [0f32; 2];
+    assert!(redlite_quant::dot_multi(ty, &row, &act, act.len(), &mut out).is_err());
+    assert!(redlite_quant::dot_multi(ty, &row, &act, 1, &mut out[..1]).is_err());
+    let mut too_many = [0f32; redlite_quant::MULTI_MAX + 1];
+    assert!(redlite_quant::dot_multi(ty, &row, &act, 0, &mut too_many).is_err());
+}

@@ -109,6 +109,7 @@ pub(super) static IQ1_S: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: dot_iq1_s_ref,
     dot_fast: dot_iq1_s,
+    dot_multi: None,
     quantize: None,
 };
 
@@ -118,6 +119,7 @@ pub(super) static IQ1_M: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: dot_iq1_m_ref,
     dot_fast: dot_iq1_m,
+    dot_multi: None,
     quantize: None,
 };
 

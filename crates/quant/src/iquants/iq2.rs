@@ -65,6 +65,7 @@ pub(super) static IQ2_XXS: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: dot_iq2_xxs_ref,
     dot_fast: dot_iq2_xxs,
+    dot_multi: None,
     quantize: None,
 };
 
@@ -74,6 +75,7 @@ pub(super) static IQ2_XS: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: dot_iq2_xs_ref,
     dot_fast: dot_iq2_xs,
+    dot_multi: None,
     quantize: None,
 };
 
@@ -83,6 +85,7 @@ pub(super) static IQ2_S: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: dot_iq2_s_ref,
     dot_fast: dot_iq2_s,
+    dot_multi: None,
     quantize: None,
 };
 

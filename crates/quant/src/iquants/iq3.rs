@@ -50,6 +50,7 @@ pub(super) static IQ3_XXS: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: dot_iq3_xxs_ref,
     dot_fast: dot_iq3_xxs,
+    dot_multi: None,
     quantize: None,
 };
 
@@ -59,6 +60,7 @@ pub(super) static IQ3_S: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: dot_iq3_s_ref,
     dot_fast: dot_iq3_s,
+    dot_multi: None,
     quantize: None,
 };
 

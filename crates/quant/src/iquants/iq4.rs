@@ -58,6 +58,7 @@ pub(super) static IQ4_NL: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_0,
     dot_reference: dot_iq4_nl_ref,
     dot_fast: dot_iq4_nl,
+    dot_multi: None,
     quantize: None,
 };
 
@@ -67,6 +68,7 @@ pub(super) static IQ4_XS: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: dot_iq4_xs_ref,
     dot_fast: dot_iq4_xs,
+    dot_multi: None,
     quantize: None,
 };
 

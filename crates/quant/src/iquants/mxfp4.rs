@@ -40,6 +40,7 @@ pub(super) static MXFP4: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_0,
     dot_reference: dot_mxfp4_ref,
     dot_fast: dot_mxfp4,
+    dot_multi: None,
     quantize: Some(quantize_mxfp4),
 };
 

@@ -4,6 +4,7 @@
 use crate::Kernels;
 use redlite_gguf::GgmlType;
 
+pub mod multi;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_k;
@@ -27,6 +28,7 @@ static Q8_K: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: q8_k::dot_q8_k_q8_k,
     dot_fast: q8_k::dot_q8_k_q8_k,
+    dot_multi: None,
     quantize: Some(q8_k::quantize_q8_k),
 };
 
@@ -36,6 +38,7 @@ static Q2_K: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: q2_k::dot_q2_k_ref,
     dot_fast: q2_k::dot_q2_k_fast,
+    dot_multi: None,
     quantize: None,
 };
 
@@ -45,6 +48,7 @@ static Q3_K: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: q3_k::dot_q3_k_ref,
     dot_fast: q3_k::dot_q3_k_fast,
+    dot_multi: None,
     quantize: None,
 };
 
@@ -54,6 +58,7 @@ static Q4_K: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: q4_k::dot_q4_k_ref,
     dot_fast: q4_k::dot_q4_k_fast,
+    dot_multi: Some(multi::multi_q4_k),
     quantize: Some(q4_k::quantize_q4_k),
 };
 
@@ -63,6 +68,7 @@ static Q5_K: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: q5_k::dot_q5_k_ref,
     dot_fast: q5_k::dot_q5_k_fast,
+    dot_multi: None,
     quantize: None,
 };
 
@@ -72,6 +78,7 @@ static Q6_K: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_K,
     dot_reference: q6_k::dot_q6_k_ref,
     dot_fast: q6_k::dot_q6_k_fast,
+    dot_multi: Some(multi::multi_q6_k),
     quantize: Some(q6_k::quantize_q6_k),
 };
 

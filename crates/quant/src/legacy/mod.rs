@@ -5,6 +5,7 @@ use crate::Kernels;
 use redlite_gguf::GgmlType;
 
 pub mod float;
+pub mod multi;
 pub mod q4;
 pub mod q5;
 pub mod q8_0;
@@ -21,6 +22,7 @@ static F32: Kernels = Kernels {
     vec_dot_type: GgmlType::F32,
     dot_reference: float::dot_f32_ref,
     dot_fast: float::dot_f32_fast,
+    dot_multi: None,
     quantize: Some(float::quantize_f32),
 };
 
@@ -30,6 +32,7 @@ static F16: Kernels = Kernels {
     vec_dot_type: GgmlType::F32,
     dot_reference: float::dot_f16_ref,
     dot_fast: float::dot_f16_fast,
+    dot_multi: None,
     quantize: Some(float::quantize_f16),
 };
 
@@ -39,6 +42,7 @@ static BF16: Kernels = Kernels {
     vec_dot_type: GgmlType::F32,
     dot_reference: float::dot_bf16_ref,
     dot_fast: float::dot_bf16_fast,
+    dot_multi: None,
     quantize: Some(float::quantize_bf16),
 };
 
@@ -47,7 +51,8 @@ static Q4_0: Kernels = Kernels {
     dequantize: q4::dequantize_q4_0,
     vec_dot_type: GgmlType::Q8_0,
     dot_reference: q4::dot_q4_0_ref,
-    dot_fast: q4::dot_q4_0_fast,
+    dot_fast: multi::dot_q4_0_fast,
+    dot_multi: Some(multi::multi_q4_0),
     quantize: Some(q4::quantize_q4_0),
 };
 
@@ -57,6 +62,7 @@ static Q4_1: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_0,
     dot_reference: q4::dot_q4_1_ref,
     dot_fast: q4::dot_q4_1_fast,
+    dot_multi: None,
     quantize: Some(q4::quantize_q4_1),
 };
 
@@ -65,7 +71,8 @@ static Q5_0: Kernels = Kernels {
     dequantize: q5::dequantize_q5_0,
     vec_dot_type: GgmlType::Q8_0,
     dot_reference: q5::dot_q5_0_ref,
-    dot_fast: q5::dot_q5_0_fast,
+    dot_fast: multi::dot_q5_0_fast,
+    dot_multi: Some(multi::multi_q5_0),
     quantize: Some(q5::quantize_q5_0),
 };
 
@@ -75,6 +82,7 @@ static Q5_1: Kernels = Kernels {
     vec_dot_type: GgmlType::Q8_0,
     dot_reference: q5::dot_q5_1_ref,
     dot_fast: q5::dot_q5_1_fast,
+    dot_multi: None,
     quantize: Some(q5::quantize_q5_1),
 };
 
@@ -83,7 +91,8 @@ static Q8_0: Kernels = Kernels {
     dequantize: q8_0::dequantize_q8_0,
     vec_dot_type: GgmlType::Q8_0,
     dot_reference: q8_0::dot_q8_0_ref,
-    dot_fast: q8_0::dot_q8_0_fast,
+    dot_fast: multi::dot_q8_0_fast,
+    dot_multi: Some(multi::multi_q8_0),
     quantize: Some(q8_0::quantize_q8_0),
 };
 

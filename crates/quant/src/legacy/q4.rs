@@ -151,15 +151,6 @@ pub fn dot_q4_1_ref(row: &[u8], act: &[u8]) -> f32 {
     sum
 }
 
-pub fn dot_q4_0_fast(row: &[u8], act: &[u8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if super::x86::has_avx2_fma() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-        return unsafe { avx2::dot_q4_0(row, act) };
-    }
-    dot_q4_0_ref(row, act)
-}
-
 pub fn dot_q4_1_fast(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::x86::has_avx2_fma() {
@@ -174,23 +165,6 @@ mod avx2 {
     use super::*;
     use crate::legacy::x86::*;
     use core::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub fn dot_q4_0(row: &[u8], act: &[u8]) -> f32 {
-        let x = cast_blocks::<BlockQ40>(row);
-        let y = cast_blocks::<BlockQ80>(act);
-        assert_eq!(x.len(), y.len(), "Q4_0 dot: block counts");
-        let eight = _mm256_set1_epi8(8);
-        let mut acc = _mm256_setzero_ps();
-        for (a, b) in x.iter().zip(y) {
-            // SAFETY: `a.qs` is 16 readable bytes, `b.qs` 32.
-            let (q, v) = unsafe { (nibbles_lo_hi(a.qs.as_ptr()), load32(b.qs.as_ptr().cast())) };
-            let p = dot_i8_i8(_mm256_sub_epi8(q, eight), v);
-            let d = _mm256_set1_ps(f16c_mul(a.d, b.d));
-            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
-        }
-        hsum_ps(acc)
-    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q4_1(row: &[u8], act: &[u8]) -> f32 {

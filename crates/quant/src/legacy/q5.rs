@@ -141,15 +141,6 @@ pub fn dot_q5_1_ref(row: &[u8], act: &[u8]) -> f32 {
     sum
 }
 
-pub fn dot_q5_0_fast(row: &[u8], act: &[u8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if super::x86::has_avx2_fma() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-        return unsafe { avx2::dot_q5_0(row, act) };
-    }
-    dot_q5_0_ref(row, act)
-}
-
 pub fn dot_q5_1_fast(row: &[u8], act: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::x86::has_avx2_fma() {
@@ -164,27 +155,6 @@ mod avx2 {
     use super::*;
     use crate::legacy::x86::*;
     use core::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub fn dot_q5_0(row: &[u8], act: &[u8]) -> f32 {
-        let x = cast_blocks::<BlockQ50>(row);
-        let y = cast_blocks::<BlockQ80>(act);
-        assert_eq!(x.len(), y.len(), "Q5_0 dot: block counts");
-        let hi = _mm256_set1_epi8(0xF0u8 as i8);
-        let mut acc = _mm256_setzero_ps();
-        for (a, b) in x.iter().zip(y) {
-            // SAFETY: `a.qs` is 16 readable bytes, `b.qs` 32.
-            let (q, v) = unsafe { (nibbles_lo_hi(a.qs.as_ptr()), load32(b.qs.as_ptr().cast())) };
-            // value - 16 = nibble when the fifth bit is set, else nibble | 0xF0
-            // read as i8 (nibble - 16).
-            let bits = bits_to_bytes(u32::from_le_bytes(a.qh));
-            let q = _mm256_or_si256(q, _mm256_andnot_si256(bits, hi));
-            let p = dot_i8_i8(q, v);
-            let d = _mm256_set1_ps(f16c_mul(a.d, b.d));
-            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
-        }
-        hsum_ps(acc)
-    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q5_1(row: &[u8], act: &[u8]) -> f32 {

@@ -21,15 +21,6 @@ pub fn f16c(b: [u8; 2]) -> f32 {
     ))
 }
 
-/// Product of two f16 values (LE bytes), converted together with F16C.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn f16c_mul(a: [u8; 2], b: [u8; 2]) -> f32 {
-    let bits = u16::from_le_bytes(a) as u32 | ((u16::from_le_bytes(b) as u32) << 16);
-    let f = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
-    _mm_cvtss_f32(_mm_mul_ss(f, _mm_movehdup_ps(f)))
-}
-
 /// Sum of the 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -40,20 +31,6 @@ pub fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
-}
-
-/// Signed × signed byte dot, pairwise summed into 8 i32 lanes.
-///
-/// Uses the unsigned×signed `maddubs` on |x| and sign(x)·y. Exact when `y`
-/// has no -128 (our activation quantizers never produce it); `x` may hold
-/// any value.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
-    let ax = _mm256_sign_epi8(x, x);
-    let sy = _mm256_sign_epi8(y, x);
-    let p16 = _mm256_maddubs_epi16(ax, sy);
-    _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
 }
 
 /// Unsigned (`x` ≤ 127 per byte in pairs so i16 cannot saturate: callers
