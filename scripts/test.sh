@@ -20,6 +20,7 @@ if [ -z "${REDLITE_DEMO_MODEL:-}" ]; then
   export REDLITE_DEMO_MODEL
 fi
 
+bash scripts/check-cuda-kernels.sh # CUDA kernels: NVRTC + ptxas sm_90 (pinned PyPI wheels); set -e fails the gate if they cannot be installed
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy (warnings are errors)"

@@ -45,6 +45,9 @@ enum Command {
     },
     /// Write a synthetic GGUF with the exact Qwen3-Next-80B-A3B shapes (random valid blocks) for speed work.
     Synth(redlite_synth::cli::SynthArgs),
+    /// CUDA kernel self-test: every kernel against a float64 CPU reference (needs a GPU).
+    #[cfg(feature = "cuda")]
+    Selftest,
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -74,6 +77,9 @@ enum BenchCommand {
     },
     /// Prompt and decode tok/s of a whole model, printed like llama-bench (pp512, tg64@d4096, ...).
     Model(modelbench::ModelBenchArgs),
+    /// CUDA kernels: GB/s per kernel and shape against the measured device copy bandwidth.
+    #[cfg(feature = "cuda")]
+    Kernels,
 }
 
 fn main() -> Result<()> {
@@ -104,6 +110,12 @@ fn main() -> Result<()> {
         Command::Generate(args) => generate::run(args)?,
         Command::Serve(args) => redlite_server::run(args)?,
         Command::Synth(args) => redlite_synth::cli::run(args)?,
+        #[cfg(feature = "cuda")]
+        Command::Selftest => redlite_cuda::selftest_cli()?,
+        #[cfg(feature = "cuda")]
+        Command::Bench {
+            what: BenchCommand::Kernels,
+        } => redlite_cuda::bench_cli()?,
         Command::Tokenize {
             model,
             no_special,

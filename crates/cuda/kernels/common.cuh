@@ -1,0 +1,32 @@
+// Shared helpers for every kernel family. No CUDA headers: the same text
+// compiles under NVRTC (at run time, no include path) and nvcc/ptxas (CI).
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// f16 bits -> f32 (exact), without cuda_fp16.h.
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Byte k (0..3) of a word, as an int.
+__device__ __forceinline__ int byte_of(u32 w, int k) { return (w >> (8 * k)) & 0xff; }
+
+// 8 consecutive f32 from a 32-byte-aligned address (two 128-bit loads).
+__device__ __forceinline__ void load8(const float* __restrict__ p, float* v) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}

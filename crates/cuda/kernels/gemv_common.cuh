@@ -1,0 +1,73 @@
+// Decode GEMV (one activation vector) over quantized weights held in the
+// device layout of src/layout.rs: a matrix of `rows` x `nb` blocks is
+//
+//     [rows*nb payload blocks of T::PAYLOAD bytes][rows*nb f16 scales]
+//
+// where the payload is the GGUF block with its f16 `d` moved out (so every
+// payload is 16-byte aligned and read with 128/64-bit loads); Q4_K keeps its
+// block whole (144 bytes, already aligned) and has no scale array.
+//
+// Launch: grid (ceil(rows / (GEMV_WARPS*NR)), n_mats), block GEMV_WARPS*32.
+// Matrix m = blockIdx.y starts at w + (slots ? slots[m] : m) * mat_bytes
+// (the expert slot table: kernels see slots, never expert ids), reads
+// x + m*x_stride (x_stride 0: one shared vector) and writes y + m*rows.
+//
+// Work split: each warp owns NR consecutive rows. A row's blocks are cut
+// into T::LPB lane chunks of 32 values each; the warp's 32 lanes walk the
+// chunks of its rows in step (lane c takes chunk c, c+32, ...), load the 32
+// activations of their chunk once (float4 loads) and reuse them for the NR
+// rows, then each row is reduced with warp shuffles.
+#pragma once
+#include "common.cuh"
+
+#define GEMV_WARPS 4
+
+template <class T, int NR>
+__device__ __forceinline__ void gemv_body(const u8* __restrict__ w, u64 mat_bytes,
+                                          const u32* __restrict__ slots,
+                                          const float* __restrict__ x, long long x_stride,
+                                          float* __restrict__ y, int rows, int nb) {
+    const int m = blockIdx.y;
+    const u8* base = w + (u64)(slots ? slots[m] : (u32)m) * mat_bytes;
+    const u16* dd = reinterpret_cast<const u16*>(base + (u64)rows * nb * T::PAYLOAD);
+    x += (long long)m * x_stride;
+    y += (u64)m * rows;
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * NR;
+    if (row0 >= rows) return;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    const int nchunks = nb * T::LPB;
+    for (int c = lane; c < nchunks; c += 32) {
+        const int b = c / T::LPB;
+        const int sub = c % T::LPB;
+        float xv[32];
+        T::load_x(x + (u64)b * T::QK, sub, xv);
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const int row = min(row0 + r, rows - 1);
+            const u64 bi = (u64)row * nb + b;
+            acc[r] += T::dot(base + bi * T::PAYLOAD, dd + bi, sub, xv);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+    }
+}
+
+#define GEMV_KERNEL(NAME, T, NR)                                                           \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                          \
+        NAME(const u8* __restrict__ w, u64 mat_bytes, const u32* __restrict__ slots,        \
+             const float* __restrict__ x, long long x_stride, float* __restrict__ y,        \
+             int rows, int nb) {                                                            \
+        gemv_body<T, NR>(w, mat_bytes, slots, x, x_stride, y, rows, nb);                   \
+    }
+
+// Rows per warp 1, 2 and 4: `redlite bench kernels` measures all three.
+#define GEMV_KERNELS(PREFIX, T)       \
+    GEMV_KERNEL(PREFIX##_r1, T, 1)    \
+    GEMV_KERNEL(PREFIX##_r2, T, 2)    \
+    GEMV_KERNEL(PREFIX##_r4, T, 4)

@@ -1,0 +1,42 @@
+// GEMV, IQ2_XXS weights (crates/quant/src/iquants/iq2.rs). The 66-byte GGUF
+// block is split: payload qs[64] (8 groups of 8 bytes, 32 values each) and
+// its f16 d in the matrix's scale array. Group bytes 0..4 are grid indices
+// (8 magnitudes each, iq2xxs_grid), bytes 4..8 a u32 `aux`: four 7-bit sign
+// codes (bits 0..28) and the 4-bit scale s (bits 28..32). Value:
+// d*(0.5+s)*0.25 * grid * sign, sign byte = ksigns_iq2xs[code], which is
+// the code with its parity in bit 7 (checked against the table in
+// src/tables_cuh.rs tests).
+//
+// Lane chunk `sub` (8 per block) = group `sub`: one 8-byte load.
+#define WANT_IQ2XXS_GRID
+#include "gemv_common.cuh"
+#include "iq_tables.cuh"
+
+struct Iq2Xxs {
+    static constexpr int QK = 256, LPB = 8, PAYLOAD = 64;
+    static __device__ __forceinline__ void load_x(const float* __restrict__ xb, int sub, float* v) {
+#pragma unroll
+        for (int l = 0; l < 4; l++) load8(xb + 32 * sub + 8 * l, v + 8 * l);
+    }
+    static __device__ __forceinline__ float dot(const u8* __restrict__ blk, const u16* __restrict__ dd,
+                                                int sub, const float* v) {
+        const uint2 g = __ldg(reinterpret_cast<const uint2*>(blk + 8 * sub));
+        const u32 aux = g.y;
+        const float db = h2f(__ldg(dd)) * (0.5f + (float)(aux >> 28)) * 0.25f;
+        float s = 0.f;
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            const u64 grid = __ldg(&iq2xxs_grid[byte_of(g.x, l)]);
+            const u32 code = (aux >> (7 * l)) & 127;
+            const u32 signs = code | ((__popc(code) & 1) << 7);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const float gv = (float)((grid >> (8 * k)) & 0xff);
+                s = fmaf((signs >> k) & 1 ? -gv : gv, v[8 * l + k], s);
+            }
+        }
+        return db * s;
+    }
+};
+
+GEMV_KERNELS(gemv_iq2_xxs, Iq2Xxs)

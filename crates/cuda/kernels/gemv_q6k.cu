@@ -1,0 +1,52 @@
+// GEMV, Q6_K weights (crates/quant/src/kquants/q6_k.rs). The 210-byte GGUF
+// block is split: payload ql[128] | qh[64] | scales[16] (208 bytes, aligned)
+// and its f16 d in the matrix's scale array. In half h (128 values) value
+// 128h+32j+l has its low nibble in ql[64h + l + 32(j%2)] (low nibble for
+// j < 2, high for j >= 2), its high 2 bits at 2j of qh[32h+l]; it is
+// d * scales[(128h+32j+l)/16] * (q - 32).
+//
+// Lane chunk `sub` (8 per block): h = sub/4, l0 = (sub%4)*8, all four j:
+// three 8-byte loads (ql, ql+32, qh) and one 8-byte load of the scales.
+#include "gemv_common.cuh"
+
+struct Q6K {
+    static constexpr int QK = 256, LPB = 8, PAYLOAD = 208;
+    static __device__ __forceinline__ void load_x(const float* __restrict__ xb, int sub, float* v) {
+        const int h = sub >> 2, l0 = (sub & 3) * 8;
+#pragma unroll
+        for (int j = 0; j < 4; j++) load8(xb + 128 * h + 32 * j + l0, v + 8 * j);
+    }
+    static __device__ __forceinline__ float dot(const u8* __restrict__ blk, const u16* __restrict__ dd,
+                                                int sub, const float* v) {
+        const int h = sub >> 2, l0 = (sub & 3) * 8;
+        const uint2 a = __ldg(reinterpret_cast<const uint2*>(blk + 64 * h + l0));
+        const uint2 b = __ldg(reinterpret_cast<const uint2*>(blk + 64 * h + 32 + l0));
+        const uint2 qh = __ldg(reinterpret_cast<const uint2*>(blk + 128 + 32 * h + l0));
+        const uint2 sc = __ldg(reinterpret_cast<const uint2*>(blk + 192 + 8 * h));
+        const int hi = l0 >> 4;
+        const u32 lo[4] = {a.x, b.x, a.x, b.x};
+        const u32 lo2[4] = {a.y, b.y, a.y, b.y};
+        float total = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int shift = j < 2 ? 0 : 4;
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const u32 lw = i < 4 ? lo[j] : lo2[j];
+                const u32 hw = i < 4 ? qh.x : qh.y;
+                const int k = i & 3;
+                const int q = (int)((lw >> (8 * k + shift)) & 0x0f) |
+                              (int)(((hw >> (8 * k + 2 * j)) & 3) << 4);
+                s = fmaf((float)(q - 32), v[8 * j + i], s);
+            }
+            const int si = 2 * j + hi;  // scale byte within this half's 8
+            const u32 sw = si < 4 ? sc.x : sc.y;
+            const int scale = (int)(signed char)((sw >> (8 * (si & 3))) & 0xff);
+            total = fmaf((float)scale, s, total);
+        }
+        return h2f(__ldg(dd)) * total;
+    }
+};
+
+GEMV_KERNELS(gemv_q6_k, Q6K)

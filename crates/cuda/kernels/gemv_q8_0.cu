@@ -1,0 +1,30 @@
+// GEMV, Q8_0 weights (crates/quant/src/legacy/q8_0.rs). The 34-byte GGUF
+// block is split: payload qs[32] (i8) and its f16 d in the matrix's scale
+// array. Value: d * q.
+//
+// One lane chunk per 32-value block (LPB = 1): two 16-byte loads; the 32
+// lanes of a warp read 32 consecutive blocks (1 KiB, coalesced).
+#include "gemv_common.cuh"
+
+struct Q80 {
+    static constexpr int QK = 32, LPB = 1, PAYLOAD = 32;
+    static __device__ __forceinline__ void load_x(const float* __restrict__ xb, int, float* v) {
+#pragma unroll
+        for (int l = 0; l < 4; l++) load8(xb + 8 * l, v + 8 * l);
+    }
+    static __device__ __forceinline__ float dot(const u8* __restrict__ blk, const u16* __restrict__ dd,
+                                                int, const float* v) {
+        const uint4 q0 = __ldg(reinterpret_cast<const uint4*>(blk));
+        const uint4 q1 = __ldg(reinterpret_cast<const uint4*>(blk) + 1);
+        const u32 qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const int q = (int)(signed char)((qw[i >> 2] >> (8 * (i & 3))) & 0xff);
+            s = fmaf((float)q, v[i], s);
+        }
+        return h2f(__ldg(dd)) * s;
+    }
+};
+
+GEMV_KERNELS(gemv_q8_0, Q80)

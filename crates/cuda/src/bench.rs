@@ -1,0 +1,160 @@
+//! `redlite bench kernels`: GB/s of weights per kernel and shape against
+//! the card's device-to-device copy bandwidth measured in the same run.
+//! CUDA events around batches of launches, warm-up first, medians; the
+//! weights rotate over enough copies (>= 512 MiB together) that L2 (60 MB
+//! on an H200) cannot hold them.
+
+use crate::device::Gpu;
+use crate::gemv::{kernel_name, DeviceMatrix, ExpertStack};
+use crate::layout::{layout, GEMV_TYPES};
+use crate::testdata::{random_vec, random_weights, Rng};
+use anyhow::Result;
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::CudaSlice;
+
+const BATCH: usize = 20;
+const BATCHES: usize = 15;
+const ROTATE_BYTES: usize = 512 << 20;
+
+/// One measured kernel configuration.
+#[derive(Debug, Clone)]
+pub struct BenchRow {
+    pub kernel: String,
+    pub shape: String,
+    pub bytes: usize,
+    pub us: f64,
+    pub gbps: f64,
+}
+
+/// Median seconds per call of `f` (called BATCH times between two events,
+/// BATCHES times, after one warm-up batch). `f(i)` gets a running index.
+fn time(gpu: &Gpu, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    let mut i = 0;
+    for _ in 0..BATCH {
+        f(i)?;
+        i += 1;
+    }
+    gpu.sync()?;
+    let mut ts = Vec::with_capacity(BATCHES);
+    for _ in 0..BATCHES {
+        let a = gpu
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        for _ in 0..BATCH {
+            f(i)?;
+            i += 1;
+        }
+        let b = gpu
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        ts.push(a.elapsed_ms(&b)? as f64 * 1e-3 / BATCH as f64);
+    }
+    gpu.sync()?;
+    ts.sort_by(f64::total_cmp);
+    Ok(ts[ts.len() / 2])
+}
+
+/// Device-to-device copy of 1 GiB; GB/s counting bytes read plus written.
+pub fn copy_bandwidth(gpu: &Gpu) -> Result<f64> {
+    let n = 1usize << 30;
+    let src: CudaSlice<u8> = gpu.stream.alloc_zeros(n)?;
+    let mut dst: CudaSlice<u8> = gpu.stream.alloc_zeros(n)?;
+    let t = time(gpu, |_| {
+        gpu.stream.memcpy_dtod(&src, &mut dst)?;
+        Ok(())
+    })?;
+    Ok(2.0 * n as f64 / t / 1e9)
+}
+
+/// The shapes of a decode step: (name, rows, cols).
+pub const SHAPES: &[(&str, usize, usize)] = &[
+    ("ssm_out 2048x4096", 2048, 4096),
+    ("attn_qkv 8192x2048", 8192, 2048),
+    ("head 151936x2048", 151936, 2048),
+];
+
+pub fn run(gpu: &Gpu, nrs: &[u32]) -> Result<Vec<BenchRow>> {
+    let mut rng = Rng(0x5eed);
+    let mut out = Vec::new();
+    for ty in GEMV_TYPES {
+        let l = layout(ty)?;
+        for &(name, rows, cols) in SHAPES {
+            let w = random_weights(&l, rows, cols, &mut rng);
+            let copies = (ROTATE_BYTES / w.len()).clamp(1, 64);
+            let mats: Vec<DeviceMatrix> = (0..copies)
+                .map(|_| DeviceMatrix::upload(gpu, ty, rows, cols, &w))
+                .collect::<Result<_>>()?;
+            drop(w);
+            let x = gpu.stream.clone_htod(&random_vec(cols, &mut rng))?;
+            let mut y: CudaSlice<f32> = gpu.stream.alloc_zeros(rows)?;
+            for &nr in nrs {
+                let t = time(gpu, |i| mats[i % copies].gemv(gpu, &x, &mut y, nr))?;
+                let bytes = mats[0].bytes();
+                out.push(BenchRow {
+                    kernel: kernel_name(ty, nr)?,
+                    shape: name.to_string(),
+                    bytes,
+                    us: t * 1e6,
+                    gbps: bytes as f64 / t / 1e9,
+                });
+            }
+        }
+        // Routed experts: 512 slots, 10 routed per call (random, rotating
+        // over 64 precomputed sets), gate/up (512x2048, shared x) and down
+        // (2048x512, one x per expert).
+        for (name, rows, cols, per_x) in [
+            ("10 experts 512x2048 (up)", 512, 2048, false),
+            ("10 experts 2048x512 (down)", 2048, 512, true),
+        ] {
+            let n_slots = 512;
+            let mut stack = ExpertStack::new(gpu, ty, rows, cols, n_slots)?;
+            let w = random_weights(&l, rows, cols, &mut rng);
+            for s in 0..n_slots {
+                stack.upload(gpu, s, &w)?;
+            }
+            let sets: Vec<CudaSlice<u32>> = (0..64)
+                .map(|_| {
+                    let v: Vec<u32> = (0..10).map(|_| rng.below(n_slots) as u32).collect();
+                    Ok(gpu.stream.clone_htod(&v)?)
+                })
+                .collect::<Result<_>>()?;
+            let x = gpu.stream.clone_htod(&random_vec(cols * 10, &mut rng))?;
+            let mut y: CudaSlice<f32> = gpu.stream.alloc_zeros(rows * 10)?;
+            let xs = if per_x { cols } else { 0 };
+            for &nr in nrs {
+                let t = time(gpu, |i| {
+                    stack.gemv(gpu, &sets[i % 64], 10, &x, xs, &mut y, nr)
+                })?;
+                let bytes = 10 * l.matrix_bytes(rows, cols)?;
+                out.push(BenchRow {
+                    kernel: kernel_name(ty, nr)?,
+                    shape: name.to_string(),
+                    bytes,
+                    us: t * 1e6,
+                    gbps: bytes as f64 / t / 1e9,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub fn print(gpu: &Gpu, copy_gbps: f64, rows: &[BenchRow]) {
+    println!("# redlite bench kernels on {}", gpu.name);
+    println!(
+        "device-to-device copy: {copy_gbps:.0} GB/s (1 GiB, read + write, median of {BATCHES} batches of {BATCH})"
+    );
+    println!("| kernel | shape | weights MiB | µs (median) | GB/s | % of copy |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for r in rows {
+        println!(
+            "| {} | {} | {:.1} | {:.2} | {:.0} | {:.0}% |",
+            r.kernel,
+            r.shape,
+            r.bytes as f64 / (1 << 20) as f64,
+            r.us,
+            r.gbps,
+            100.0 * r.gbps / copy_gbps
+        );
+    }
+}

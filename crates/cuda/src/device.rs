@@ -1,0 +1,64 @@
+//! The device: one context, one stream, the compiled kernels.
+
+use crate::kernels;
+use anyhow::{anyhow, Context, Result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One GPU with every kernel of [`kernels::FILES`] loaded.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    /// Device name and compute capability, for reports.
+    pub name: String,
+    /// Seconds spent in NVRTC + module load.
+    pub compile_s: f64,
+}
+
+impl Gpu {
+    /// Open device `ordinal` (loads libcuda and libnvrtc at run time) and
+    /// compile every kernel file.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        // cudarc panics when libcuda cannot be loaded: make that an error.
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
+            .map_err(|_| anyhow!("libcuda not found (no NVIDIA driver on this machine?)"))?
+            .context("opening the CUDA device")?;
+        let (major, minor) = ctx.compute_capability()?;
+        let name = format!("{} (sm_{major}{minor})", ctx.name()?);
+        let stream = ctx.default_stream();
+        let t = std::time::Instant::now();
+        let ptxs = kernels::compile_all()?;
+        let mut funcs = HashMap::new();
+        for (file, ptx) in kernels::FILES.iter().zip(ptxs) {
+            let module = ctx
+                .load_module(ptx)
+                .with_context(|| format!("loading {}", file.name))?;
+            for &k in file.kernels {
+                funcs.insert(k, module.load_function(k).with_context(|| k.to_string())?);
+            }
+        }
+        Ok(Self {
+            ctx,
+            stream,
+            funcs,
+            name,
+            compile_s: t.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The kernel named `name`.
+    pub fn func(&self, name: &str) -> Result<&CudaFunction> {
+        self.funcs
+            .get(name)
+            .ok_or_else(|| anyhow!("no kernel {name:?} loaded"))
+    }
+
+    /// Wait for the stream and surface any asynchronous kernel error.
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize()?;
+        self.ctx.check_err()?;
+        Ok(())
+    }
+}

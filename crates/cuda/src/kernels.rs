@@ -1,0 +1,156 @@
+//! The kernel sources (`kernels/*.cu`, one family per file) and their
+//! compilation.
+//!
+//! Kernels are compiled at run time by NVRTC for `sm_90`, not by nvcc in
+//! `build.rs`: the build then needs no CUDA toolkit (here there is none, and
+//! PyPI's `nvidia-cuda-nvcc-cu12` wheel carries `ptxas` but no `nvcc`), and
+//! the GPU machine's NVRTC (CUDA 13.0) always matches its driver, so the PTX
+//! always loads. The cost is a compile at start-up (the files compile in
+//! parallel). CI compiles the same expanded text with PyPI's NVRTC 12.9 and
+//! assembles it with `ptxas -arch=sm_90` (`scripts/check-cuda-kernels.sh`).
+
+use anyhow::{anyhow, bail, Result};
+
+/// One `.cu` file and the kernels it defines.
+pub struct KernelFile {
+    pub name: &'static str,
+    pub source: &'static str,
+    pub kernels: &'static [&'static str],
+}
+
+macro_rules! kernel_dir {
+    ($f:literal) => {
+        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/", $f))
+    };
+}
+
+/// The headers `#include "..."` may name.
+const HEADERS: &[(&str, &str)] = &[
+    ("common.cuh", kernel_dir!("common.cuh")),
+    ("gemv_common.cuh", kernel_dir!("gemv_common.cuh")),
+    ("iq_tables.cuh", kernel_dir!("iq_tables.cuh")),
+];
+
+pub const FILES: &[KernelFile] = &[
+    KernelFile {
+        name: "gemv_q4k.cu",
+        source: kernel_dir!("gemv_q4k.cu"),
+        kernels: &["gemv_q4_k_r1", "gemv_q4_k_r2", "gemv_q4_k_r4"],
+    },
+    KernelFile {
+        name: "gemv_q6k.cu",
+        source: kernel_dir!("gemv_q6k.cu"),
+        kernels: &["gemv_q6_k_r1", "gemv_q6_k_r2", "gemv_q6_k_r4"],
+    },
+    KernelFile {
+        name: "gemv_iq2_xxs.cu",
+        source: kernel_dir!("gemv_iq2_xxs.cu"),
+        kernels: &["gemv_iq2_xxs_r1", "gemv_iq2_xxs_r2", "gemv_iq2_xxs_r4"],
+    },
+    KernelFile {
+        name: "gemv_q8_0.cu",
+        source: kernel_dir!("gemv_q8_0.cu"),
+        kernels: &["gemv_q8_0_r1", "gemv_q8_0_r2", "gemv_q8_0_r4"],
+    },
+];
+
+/// `src` with every `#include "x.cuh"` replaced by the header's text (each
+/// header once; `#pragma once` lines dropped), so NVRTC needs no include
+/// path.
+pub fn expand(src: &str) -> Result<String> {
+    let mut out = String::new();
+    let mut seen = Vec::new();
+    expand_into(src, &mut out, &mut seen)?;
+    Ok(out)
+}
+
+fn expand_into(src: &str, out: &mut String, seen: &mut Vec<&'static str>) -> Result<()> {
+    for line in src.lines() {
+        let t = line.trim();
+        if t == "#pragma once" {
+            continue;
+        }
+        if let Some(rest) = t.strip_prefix("#include") {
+            let name = rest.trim().trim_matches('"');
+            let (hname, htext) = HEADERS
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or_else(|| anyhow!("unknown kernel header {name:?}"))?;
+            if !seen.contains(hname) {
+                seen.push(hname);
+                expand_into(htext, out, seen)?;
+            }
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    Ok(())
+}
+
+/// The NVRTC options every file is compiled with.
+pub fn nvrtc_options(name: &str) -> cudarc::nvrtc::CompileOptions {
+    cudarc::nvrtc::CompileOptions {
+        arch: Some("sm_90"),
+        name: Some(name.to_string()),
+        options: vec!["--std=c++17".into()],
+        ..Default::default()
+    }
+}
+
+/// Compile one file to PTX with NVRTC (loads libnvrtc at run time).
+pub fn compile(file: &KernelFile) -> Result<cudarc::nvrtc::Ptx> {
+    let src = expand(file.source)?;
+    match cudarc::nvrtc::compile_ptx_with_opts(&src, nvrtc_options(file.name)) {
+        Ok(ptx) => Ok(ptx),
+        Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => {
+            bail!("NVRTC failed on {}:\n{}", file.name, log.to_string_lossy())
+        }
+        Err(e) => bail!("NVRTC failed on {}: {e:?}", file.name),
+    }
+}
+
+/// Every file compiled (in parallel threads), in [`FILES`] order.
+pub fn compile_all() -> Result<Vec<cudarc::nvrtc::Ptx>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = FILES.iter().map(|f| s.spawn(move || compile(f))).collect();
+        hs.into_iter()
+            .map(|h| h.join().map_err(|_| anyhow!("NVRTC thread panicked"))?)
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_expands_and_names_its_kernels() {
+        for f in FILES {
+            let src = expand(f.source).unwrap();
+            assert!(!src.contains("#include"), "{}", f.name);
+            assert!(src.contains("__device__ __forceinline__ float h2f"));
+            for k in f.kernels {
+                let prefix = k.rsplit_once("_r").unwrap().0;
+                assert!(src.contains(&format!("GEMV_KERNELS({prefix},")), "{k}");
+            }
+        }
+        assert!(expand("#include \"nope.cuh\"").is_err());
+    }
+
+    #[test]
+    fn every_kernel_file_is_listed() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
+        for e in std::fs::read_dir(dir).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            if name.ends_with(".cu") {
+                assert!(FILES.iter().any(|f| f.name == name), "{name} not in FILES");
+            } else {
+                assert!(
+                    HEADERS.iter().any(|(h, _)| *h == name),
+                    "{name} not in HEADERS"
+                );
+            }
+        }
+    }
+}

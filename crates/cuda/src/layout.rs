@@ -1,0 +1,165 @@
+//! How a quantized matrix sits in device memory.
+//!
+//! GGUF blocks of Q6_K (210 bytes), IQ2_XXS (66) and Q8_0 (34) are not
+//! 16-byte multiples, so a kernel reading them in place is held to 2-byte
+//! loads. On upload each block is split into its *payload* (the block minus
+//! its f16 `d`, a 16-byte multiple) and the `d`, and a matrix of `rows` x
+//! `nb` blocks becomes
+//!
+//! ```text
+//! [rows*nb payloads, row-major][rows*nb f16 d]
+//! ```
+//!
+//! The same byte count as the GGUF tensor; every payload starts 16-byte
+//! aligned. Q4_K (144 bytes, `d` and `dmin` in its 16-byte header) stays
+//! whole. `kernels/gemv_common.cuh` reads exactly this.
+
+use anyhow::{bail, Result};
+use redlite_gguf::GgmlType;
+
+/// The device layout of one block format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLayout {
+    pub ty: GgmlType,
+    /// Values per block.
+    pub qk: usize,
+    /// Bytes of one GGUF block.
+    pub block_bytes: usize,
+    /// Bytes of one payload on the device.
+    pub payload: usize,
+    /// Offset of the f16 `d` moved out of the block, if any.
+    pub d_at: Option<usize>,
+}
+
+/// The formats with device GEMV kernels.
+pub const GEMV_TYPES: [GgmlType; 4] = [
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ2_XXS,
+    GgmlType::Q8_0,
+];
+
+/// The layout of `ty`, or an error for formats without device kernels.
+pub fn layout(ty: GgmlType) -> Result<DeviceLayout> {
+    let (qk, block_bytes, payload, d_at) = match ty {
+        GgmlType::Q4_K => (256, 144, 144, None),
+        GgmlType::Q6_K => (256, 210, 208, Some(208)),
+        GgmlType::IQ2_XXS => (256, 66, 64, Some(0)),
+        GgmlType::Q8_0 => (32, 34, 32, Some(0)),
+        other => bail!("no CUDA GEMV kernel for {other:?} yet"),
+    };
+    debug_assert_eq!(ty.block_size(), qk);
+    debug_assert_eq!(ty.type_size(), block_bytes);
+    Ok(DeviceLayout {
+        ty,
+        qk,
+        block_bytes,
+        payload,
+        d_at,
+    })
+}
+
+impl DeviceLayout {
+    /// Blocks per row of `cols` values (`cols` must be whole blocks).
+    pub fn blocks_per_row(&self, cols: usize) -> Result<usize> {
+        if cols == 0 || !cols.is_multiple_of(self.qk) {
+            bail!(
+                "{:?}: {cols} columns are not whole blocks of {}",
+                self.ty,
+                self.qk
+            );
+        }
+        Ok(cols / self.qk)
+    }
+
+    /// Device bytes of a `rows` x `cols` matrix (equal to the GGUF bytes).
+    pub fn matrix_bytes(&self, rows: usize, cols: usize) -> Result<usize> {
+        Ok(rows * self.blocks_per_row(cols)? * self.block_bytes)
+    }
+
+    /// GGUF bytes (row-major blocks) into the device layout.
+    pub fn repack(&self, gguf: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>> {
+        let n = rows * self.blocks_per_row(cols)?;
+        if gguf.len() != n * self.block_bytes {
+            bail!(
+                "{:?}: {} bytes for a {rows}x{cols} matrix, expected {}",
+                self.ty,
+                gguf.len(),
+                n * self.block_bytes
+            );
+        }
+        let Some(at) = self.d_at else {
+            return Ok(gguf.to_vec());
+        };
+        let mut out = vec![0u8; gguf.len()];
+        let (pay, ds) = out.split_at_mut(n * self.payload);
+        for (i, blk) in gguf.chunks_exact(self.block_bytes).enumerate() {
+            let p = &mut pay[i * self.payload..][..self.payload];
+            p[..at].copy_from_slice(&blk[..at]);
+            p[at..].copy_from_slice(&blk[at + 2..]);
+            ds[2 * i..2 * i + 2].copy_from_slice(&blk[at..at + 2]);
+        }
+        Ok(out)
+    }
+
+    /// The inverse of [`Self::repack`].
+    pub fn unpack(&self, dev: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>> {
+        let n = rows * self.blocks_per_row(cols)?;
+        if dev.len() != n * self.block_bytes {
+            bail!("{:?}: device matrix has {} bytes", self.ty, dev.len());
+        }
+        let Some(at) = self.d_at else {
+            return Ok(dev.to_vec());
+        };
+        let (pay, ds) = dev.split_at(n * self.payload);
+        let mut out = Vec::with_capacity(dev.len());
+        for i in 0..n {
+            let p = &pay[i * self.payload..][..self.payload];
+            out.extend_from_slice(&p[..at]);
+            out.extend_from_slice(&ds[2 * i..2 * i + 2]);
+            out.extend_from_slice(&p[at..]);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_match_the_quant_crate() {
+        for ty in GEMV_TYPES {
+            let l = layout(ty).unwrap();
+            assert_eq!(l.qk, ty.block_size(), "{ty:?}");
+            assert_eq!(l.block_bytes, ty.type_size(), "{ty:?}");
+            assert_eq!(l.payload % 16, 0, "{ty:?} payload not 16-byte aligned");
+            assert_eq!(l.payload + 2 * l.d_at.is_some() as usize, l.block_bytes);
+        }
+    }
+
+    #[test]
+    fn repack_round_trips_and_moves_d() {
+        for ty in GEMV_TYPES {
+            let l = layout(ty).unwrap();
+            let (rows, cols) = (3, 2 * l.qk);
+            let src: Vec<u8> = (0..l.matrix_bytes(rows, cols).unwrap())
+                .map(|i| (i * 7 + i / 13) as u8)
+                .collect();
+            let dev = l.repack(&src, rows, cols).unwrap();
+            assert_eq!(l.unpack(&dev, rows, cols).unwrap(), src, "{ty:?}");
+            if let Some(at) = l.d_at {
+                let n = rows * 2;
+                for i in 0..n {
+                    let blk = &src[i * l.block_bytes..];
+                    assert_eq!(&dev[n * l.payload + 2 * i..][..2], &blk[at..at + 2]);
+                }
+            }
+        }
+        assert!(layout(GgmlType::Q4_K)
+            .unwrap()
+            .repack(&[0; 10], 1, 256)
+            .is_err());
+        assert!(layout(GgmlType::Q8_0).unwrap().blocks_per_row(33).is_err());
+    }
+}

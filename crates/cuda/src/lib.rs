@@ -1,0 +1,51 @@
+//! Red Lite's CUDA backend (issue 7), built only behind the `cuda` feature
+//! of `redlite-cli`.
+//!
+//! - `kernels/*.cu`: one kernel family per file, compiled at run time with
+//!   NVRTC for sm_90 ([`kernels`] says why).
+//! - [`layout`]: how quantized matrices sit on the device (payloads 16-byte
+//!   aligned, f16 scales split out).
+//! - [`gemv`]: decode GEMV launches, one matrix or routed experts through
+//!   [`slots`] (the expert slot table).
+//! - [`selftest`] and [`bench`]: `redlite selftest`, `redlite bench kernels`.
+//!
+//! libcuda and libnvrtc are loaded at run time (cudarc `dynamic-loading`):
+//! building this crate needs no CUDA toolkit and no GPU. Tests that need a
+//! GPU are `#[ignore]`d; run them on the GPU machine with
+//! `cargo test -p redlite-cuda -- --ignored`.
+//!
+//! No CUDA type crosses into `redlite-model`: callers get `Gpu`,
+//! `DeviceMatrix`, `ExpertStack`, `SlotTable` and plain slices.
+
+pub mod bench;
+pub mod device;
+pub mod gemv;
+pub mod kernels;
+pub mod layout;
+pub mod selftest;
+pub mod slots;
+pub mod tables_cuh;
+pub mod testdata;
+
+pub use device::Gpu;
+pub use gemv::{DeviceMatrix, ExpertStack};
+pub use slots::SlotTable;
+
+/// `redlite selftest`: open GPU 0, run every kernel against float64
+/// references, print the table. Errors if any kernel fails.
+pub fn selftest_cli() -> anyhow::Result<()> {
+    let gpu = Gpu::new(0)?;
+    let rows = selftest::run(&gpu, 0x2e4d_11fe)?;
+    anyhow::ensure!(selftest::print(&gpu, &rows), "CUDA selftest failed");
+    Ok(())
+}
+
+/// `redlite bench kernels`: copy bandwidth, then every GEMV kernel and
+/// shape at 1, 2 and 4 rows per warp.
+pub fn bench_cli() -> anyhow::Result<()> {
+    let gpu = Gpu::new(0)?;
+    let copy = bench::copy_bandwidth(&gpu)?;
+    let rows = bench::run(&gpu, &[1, 2, 4])?;
+    bench::print(&gpu, copy, &rows);
+    Ok(())
+}

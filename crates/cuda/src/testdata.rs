@@ -1,0 +1,98 @@
+//! Random test inputs: quantized weights with every bit pattern of the
+//! payload and sane f16 scales, and activations.
+
+use crate::layout::DeviceLayout;
+use half::f16;
+use redlite_gguf::GgmlType;
+
+/// splitmix64: small, seedable, no dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// Offsets of the f16 scale fields in a GGUF block of `ty`.
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        GgmlType::IQ2_XXS | GgmlType::Q8_0 => &[0],
+        _ => &[],
+    }
+}
+
+/// GGUF bytes of a random `rows` x `cols` matrix: random payload bytes (every
+/// nibble, index, sign code and sub-scale pattern is a valid block) and f16
+/// scales uniform in ±0.01 (Q4_K's `d`, `dmin` positive, as quantizers write).
+pub fn random_weights(l: &DeviceLayout, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let n = l.matrix_bytes(rows, cols).expect("whole blocks");
+    let mut out = vec![0u8; n];
+    for c in out.chunks_mut(8) {
+        let v = rng.next_u64().to_le_bytes();
+        c.copy_from_slice(&v[..c.len()]);
+    }
+    let fields = f16_fields(l.ty);
+    for blk in out.chunks_exact_mut(l.block_bytes) {
+        for &at in fields {
+            let mut v = 0.01 * rng.uniform();
+            if l.ty == GgmlType::Q4_K {
+                v = v.abs() + 1e-4;
+            }
+            blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+        }
+    }
+    out
+}
+
+pub fn random_vec(n: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.uniform()).collect()
+}
+
+/// The float64 reference: every row dequantized by `redlite_quant`
+/// (the CPU code checked against the gguf package), dotted in f64.
+pub fn reference_gemv(ty: GgmlType, gguf: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<f64> {
+    let row_bytes = gguf.len() / rows;
+    let mut w = vec![0f32; cols];
+    (0..rows)
+        .map(|r| {
+            redlite_quant::dequantize(ty, &gguf[r * row_bytes..][..row_bytes], &mut w)
+                .expect("whole blocks");
+            w.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{layout, GEMV_TYPES};
+
+    #[test]
+    fn random_weights_dequantize_to_finite_values() {
+        let mut rng = Rng(1);
+        for ty in GEMV_TYPES {
+            let l = layout(ty).unwrap();
+            let w = random_weights(&l, 3, 512, &mut rng);
+            let x = random_vec(512, &mut rng);
+            let y = reference_gemv(ty, &w, 3, 512, &x);
+            assert!(
+                y.iter().all(|v| v.is_finite() && *v != 0.0),
+                "{ty:?}: {y:?}"
+            );
+        }
+    }
+}
