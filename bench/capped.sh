@@ -13,7 +13,8 @@
 #   THREADS=nproc   threads for both engines
 #   TIMEOUT=600     seconds per run; a run past it is stopped and recorded
 #                   as partial (redlite prints every slow decode step)
-#   ENGINES="redlite llama"
+#   ENGINES="redlite llama"   also: redlite-random (redlite with
+#                   --mmap-advice random: no kernel read-ahead on faults)
 #   LLAMA_ARGS      extra llama-bench args
 #   LOG_DIR         raw outputs (default: a temp dir)
 #
@@ -183,8 +184,9 @@ for cap in $CAPS; do
   for eng in $ENGINES; do
     tag="$eng-cap$cap"
     if [[ $cap == 0 ]]; then cache fill; else cache drop; fi
-    if [[ $eng == redlite ]]; then
+    if [[ $eng == redlite* ]]; then
       cmd=("$REDLITE" bench model -m "$MODEL" -p 0 -n "$n" -d 0 -r 1 -t "$THREADS" -o json)
+      [[ $eng == redlite-random ]] && cmd+=(--mmap-advice random)
     else
       cmd=("$BIN/llama-bench" -m "$MODEL" -p 0 -n "$n" -r 1 -t "$THREADS" -o json "${LLAMA_ARGS_A[@]}")
     fi
@@ -199,9 +201,9 @@ for cap in $CAPS; do
 import json, sys
 m = json.loads(sys.argv[1]); label, eng, toks, n, ts, state = sys.argv[2:8]
 g = lambda b: f"{b / 2**30:.2f} GiB" if b is not None else "?"
-name = "Red Lite" if eng == "redlite" else "llama.cpp"
+name = {"redlite": "Red Lite", "redlite-random": "Red Lite, madvise(RANDOM)"}.get(eng, "llama.cpp")
 done = f"{toks}/{n}" + ("" if state == "complete" else f" ({state}, stopped at {m['wall_s']:.0f} s)" if m["timed_out"] else f" ({state})")
-print(f"| {label} | {name} | {float(ts):.3f} | {done} | {m['wall_s']:.0f} | {g(m['cgroup_max_usage'])} | {g(m['vmhwm'])} | {g(m['read_bytes'])} | {g(m['blkio_read_bytes'])} | {m['majfaults']} |")
+print(f"| {label} | {name} | {float(ts):.3f} | {done} | {m['wall_s']:.0f} | {g(m['cgroup_max_usage'])} | {g(m['vmhwm'])} | {g(m['read_bytes'])} | {m['majfaults']} |")
 PY
 )
     echo "$row" >&2
@@ -212,6 +214,6 @@ done
 echo
 echo "$(date -u +%F) | commit $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?') | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB RAM | $(basename "$MODEL") $(human "$(stat -c %s "$MODEL")") | $THREADS threads | logs $LOG_DIR"
 echo
-echo "| memory | engine | decode tok/s | tokens | wall s (whole run) | cgroup peak (max_usage) | peak RSS (VmHWM) | read from disk (task io) | read from disk (blkio) | major faults |"
-echo "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"
+echo "| memory | engine | decode tok/s | tokens | wall s (whole run) | cgroup peak (max_usage) | peak RSS (VmHWM) | read from disk | major faults |"
+echo "|---|---|---:|---|---:|---:|---:|---:|---:|"
 printf '%s\n' "${ROWS[@]}"

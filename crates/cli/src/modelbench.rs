@@ -84,6 +84,12 @@ pub struct ModelBenchArgs {
     /// Seed of the random token ids.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// madvise the whole mapped file before the tests (Linux): `random`
+    /// turns off the kernel's read-ahead around page faults, which on a
+    /// memory-capped run otherwise reads read_ahead_kb around every expert
+    /// slice touched; `normal` is the kernel's default.
+    #[arg(long, value_parser = ["normal", "random", "sequential", "willneed"])]
+    pub mmap_advice: Option<String>,
 }
 
 /// One test's result.
@@ -241,6 +247,41 @@ fn touch_pages(file: &GgufFile) {
     );
 }
 
+/// Apply `advice` to the whole mapped file (Linux; a no-op elsewhere).
+fn advise(file: &GgufFile, advice: &str) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        unsafe extern "C" {
+            fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+        }
+        // <sys/mman.h>: MADV_NORMAL 0, MADV_RANDOM 1, MADV_SEQUENTIAL 2, MADV_WILLNEED 3.
+        let code = match advice {
+            "random" => 1,
+            "sequential" => 2,
+            "willneed" => 3,
+            _ => 0,
+        };
+        let bytes = file.bytes();
+        // madvise wants a page-aligned start: round down to the page (the
+        // mapping itself starts on one, so this stays inside it).
+        let start = bytes.as_ptr() as usize;
+        let aligned = start & !4095;
+        let len = bytes.len() + (start - aligned);
+        // SAFETY: advice only; the range lies within this process's mapping of the file.
+        let rc = unsafe { madvise(aligned as *mut std::ffi::c_void, len, code) };
+        if rc != 0 {
+            bail!(
+                "madvise({advice}) failed: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        eprintln!("redlite bench: madvise({advice}) on the mapped file");
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, advice);
+    Ok(())
+}
+
 /// Fill a fresh session with `depth` random ids in batches, with progress on
 /// stderr (not timed as part of any test).
 fn fill(model: &Model, ctx: usize, depth: usize, rng: &mut Rng) -> Result<Session> {
@@ -331,6 +372,9 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
             .collect::<Vec<_>>()
             .join(" "),
     );
+    if let Some(a) = &args.mmap_advice {
+        advise(&file, a)?;
+    }
     if !args.no_warmup {
         // Touch every page only when the weights fit: under a memory cap
         // touching would just read the whole file once and evict it again.
