@@ -38,7 +38,7 @@ def main():
     for run in range(args.runs):
         # A distinct conversation each run: nothing cached from the last one.
         msgs = [
-            {"role": "system", "content": f"Session {run}. " + SYSTEM * args.system_repeat},
+            {"role": "system", "content": f"Session {time.time_ns()}. " + SYSTEM * args.system_repeat},
             {"role": "user", "content": "When are you open on Saturday?"},
         ]
         r1 = c.chat.completions.create(model=model, messages=msgs, max_tokens=16, temperature=0)
