@@ -30,3 +30,15 @@ __device__ __forceinline__ void load8(const float* __restrict__ p, float* v) {
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
     v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
+
+// Exact small integer -> f32 without I2F (a quarter-rate instruction on
+// sm_90, the bottleneck of the first GEMV version): byte k of w is placed in
+// the low mantissa byte of 2^23 (one PRMT) and 2^23 is subtracted (one FADD).
+// k must be a compile-time constant after unrolling.
+__device__ __forceinline__ float ubyte_f(u32 w, int k) {
+    return __int_as_float(__byte_perm(w, 0x4B000000u, 0x7540u | (u32)k)) - 8388608.0f;
+}
+// The same for a signed byte; `wx` is the word XOR 0x80808080.
+__device__ __forceinline__ float sbyte_f(u32 wx, int k) {
+    return __int_as_float(__byte_perm(wx, 0x4B000000u, 0x7540u | (u32)k)) - 8388736.0f;
+}

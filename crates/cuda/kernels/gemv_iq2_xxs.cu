@@ -30,9 +30,13 @@ struct Iq2Xxs {
             const u32 code = (aux >> (7 * l)) & 127;
             const u32 signs = code | ((__popc(code) & 1) << 7);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const float gv = (float)((grid >> (8 * k)) & 0xff);
-                s = fmaf((signs >> k) & 1 ? -gv : gv, v[8 * l + k], s);
+            for (int half = 0; half < 2; half++) {
+                const u32 g4 = half ? (u32)(grid >> 32) : (u32)grid;
+                // sign bits -> 0xff bytes, then negate those bytes of g4
+                const u32 m = (((((signs >> (4 * half)) & 15u) * 0x00204081u) & 0x01010101u) * 0xffu);
+                const u32 sg = __vsub4(g4 ^ m, m) ^ 0x80808080u;
+#pragma unroll
+                for (int k = 0; k < 4; k++) s = fmaf(sbyte_f(sg, k), v[8 * l + 4 * half + k], s);
             }
         }
         return db * s;

@@ -43,12 +43,16 @@ struct Q4K {
         const u32 qw[4] = {q.x, q.y, q.z, q.w};
         float sq0 = 0.f, sq1 = 0.f, sx0 = 0.f, sx1 = 0.f;
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const u32 byte = (qw[i >> 2] >> (8 * (i & 3))) & 0xff;
-            sq0 = fmaf((float)(byte & 0x0f), v[i], sq0);
-            sq1 = fmaf((float)(byte >> 4), v[16 + i], sq1);
-            sx0 += v[i];
-            sx1 += v[16 + i];
+        for (int w = 0; w < 4; w++) {
+            const u32 lo = qw[w] & 0x0f0f0f0fu, hi = (qw[w] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int i = 4 * w + k;
+                sq0 = fmaf(ubyte_f(lo, k), v[i], sq0);
+                sq1 = fmaf(ubyte_f(hi, k), v[16 + i], sq1);
+                sx0 += v[i];
+                sx1 += v[16 + i];
+            }
         }
         return d * ((float)sc0 * sq0 + (float)sc1 * sq1) - dmin * ((float)m0 * sx0 + (float)m1 * sx1);
     }

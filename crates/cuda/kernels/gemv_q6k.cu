@@ -32,13 +32,15 @@ struct Q6K {
             const int shift = j < 2 ? 0 : 4;
             float s = 0.f;
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const u32 lw = i < 4 ? lo[j] : lo2[j];
-                const u32 hw = i < 4 ? qh.x : qh.y;
-                const int k = i & 3;
-                const int q = (int)((lw >> (8 * k + shift)) & 0x0f) |
-                              (int)(((hw >> (8 * k + 2 * j)) & 3) << 4);
-                s = fmaf((float)(q - 32), v[8 * j + i], s);
+            for (int half = 0; half < 2; half++) {
+                const u32 lw = half ? lo2[j] : lo[j];
+                const u32 hw = half ? qh.y : qh.x;
+                // four 6-bit values q (0..63), one per byte
+                const u32 q = ((lw >> shift) & 0x0f0f0f0fu) | (((hw >> (2 * j)) & 0x03030303u) << 4);
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    s = fmaf(__int_as_float(__byte_perm(q, 0x4B000000u, 0x7540u | (u32)k)) - 8388640.0f,
+                             v[8 * j + 4 * half + k], s);  // 2^23 + q, minus 2^23 + 32
             }
             const int si = 2 * j + hi;  // scale byte within this half's 8
             const u32 sw = si < 4 ? sc.x : sc.y;

@@ -19,10 +19,7 @@ struct Q80 {
         const u32 qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
         float s = 0.f;
 #pragma unroll
-        for (int i = 0; i < 32; i++) {
-            const int q = (int)(signed char)((qw[i >> 2] >> (8 * (i & 3))) & 0xff);
-            s = fmaf((float)q, v[i], s);
-        }
+        for (int i = 0; i < 32; i++) s = fmaf(sbyte_f(qw[i >> 2] ^ 0x80808080u, i & 3), v[i], s);
         return h2f(__ldg(dd)) * s;
     }
 };

@@ -1,6 +1,6 @@
 //! `redlite bench kernels`: GB/s of weights per kernel and shape against
 //! the card's device-to-device copy bandwidth measured in the same run.
-//! CUDA events around batches of launches, warm-up first, medians; the
+//! CUDA graphs of 32 launches timed with events, warm-up first, medians; the
 //! weights rotate over enough copies (>= 512 MiB together) that L2 (60 MB
 //! on an H200) cannot hold them.
 
@@ -9,10 +9,10 @@ use crate::gemv::{kernel_name, DeviceMatrix, ExpertStack};
 use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{random_vec, random_weights, Rng};
 use anyhow::Result;
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaSlice;
 
-const BATCH: usize = 20;
+const BATCH: usize = 32;
 const BATCHES: usize = 15;
 const ROTATE_BYTES: usize = 512 << 20;
 
@@ -26,24 +26,32 @@ pub struct BenchRow {
     pub gbps: f64,
 }
 
-/// Median seconds per call of `f` (called BATCH times between two events,
-/// BATCHES times, after one warm-up batch). `f(i)` gets a running index.
+/// Median seconds per call of `f`: BATCH calls are captured into one CUDA
+/// graph (so host launch overhead is not measured: decode will run as
+/// graphs), the graph is replayed once to warm up, then BATCHES times, each
+/// between two events. `f(i)` gets a running index (to rotate buffers).
 fn time(gpu: &Gpu, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
-    let mut i = 0;
-    for _ in 0..BATCH {
-        f(i)?;
-        i += 1;
+    gpu.sync()?;
+    gpu.stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    for i in 0..BATCH {
+        if let Err(e) = f(i) {
+            let _ = gpu.stream.end_capture(CUgraphInstantiate_flags(0));
+            return Err(e);
+        }
     }
+    let graph = gpu
+        .stream
+        .end_capture(CUgraphInstantiate_flags(0))?
+        .ok_or_else(|| anyhow::anyhow!("empty graph"))?;
+    graph.launch()?;
     gpu.sync()?;
     let mut ts = Vec::with_capacity(BATCHES);
     for _ in 0..BATCHES {
         let a = gpu
             .stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        for _ in 0..BATCH {
-            f(i)?;
-            i += 1;
-        }
+        graph.launch()?;
         let b = gpu
             .stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
@@ -142,7 +150,7 @@ pub fn run(gpu: &Gpu, nrs: &[u32]) -> Result<Vec<BenchRow>> {
 pub fn print(gpu: &Gpu, copy_gbps: f64, rows: &[BenchRow]) {
     println!("# redlite bench kernels on {}", gpu.name);
     println!(
-        "device-to-device copy: {copy_gbps:.0} GB/s (1 GiB, read + write, median of {BATCHES} batches of {BATCH})"
+        "device-to-device copy: {copy_gbps:.0} GB/s (1 GiB, read + write, graph of {BATCH} copies, median of {BATCHES})"
     );
     println!("| kernel | shape | weights MiB | µs (median) | GB/s | % of copy |");
     println!("|---|---|---:|---:|---:|---:|");

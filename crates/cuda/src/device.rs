@@ -27,7 +27,13 @@ impl Gpu {
             .context("opening the CUDA device")?;
         let (major, minor) = ctx.compute_capability()?;
         let name = format!("{} (sm_{major}{minor})", ctx.name()?);
-        let stream = ctx.default_stream();
+        // SAFETY: everything this crate does runs on the one stream below,
+        // so cudarc's per-buffer events (cross-stream ordering) are not
+        // needed; without them launches can be captured into CUDA graphs.
+        unsafe { ctx.disable_event_tracking() };
+        // A created stream, not the legacy default stream: only those can be
+        // captured into graphs.
+        let stream = ctx.new_stream()?;
         let t = std::time::Instant::now();
         let ptxs = kernels::compile_all()?;
         let mut funcs = HashMap::new();
