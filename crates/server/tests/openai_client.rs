@@ -196,6 +196,34 @@ fn raw_http_without_api_key() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The same for a whole (non-streamed) answer: the handler's future is
+    // dropped when the connection closes.
+    let before = metric(&server, "redlite_requests_cancelled_total");
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    let req = r#"{"messages":[{"role":"user","content":"Tell another long story."}],"max_tokens":500,"temperature":0}"#;
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{req}",
+        req.len()
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    while metric(&server, "redlite_requests_processing") < 1.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the request never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(s);
+    while metric(&server, "redlite_requests_cancelled_total") <= before {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the whole answer was not cancelled"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     let generated = metric(&server, "redlite_generated_tokens_total");
     let req = r#"{"prompt":"One, two,","max_tokens":2,"temperature":0}"#;
     let (status, body) = http(&server, "POST", "/v1/completions", req, None);
