@@ -7,15 +7,15 @@ use crate::metrics::Metrics;
 use crate::parse::ChatParser;
 use crate::request::{self, GenParams, Limits};
 use crate::stream::{self, ChatChunker, CompletionChunker, Meta, SseStream};
-use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use redlite_tokenizer::{ChatTemplate, Tokenizer};
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc::unbounded_channel;
@@ -52,7 +52,6 @@ pub fn router(state: Shared) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .with_state(state)
@@ -148,22 +147,40 @@ async fn metrics(State(s): State<Shared>) -> Response {
         .into_response()
 }
 
-/// The body as a JSON object; 413 over the limit, 400 when it is not JSON.
-fn json_body(
-    body: Result<Bytes, BytesRejection>,
-    limit: usize,
-) -> Result<serde_json::Value, ApiError> {
-    let bytes = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge { limit }
-        } else {
-            ApiError::BadRequest {
-                message: format!("could not read the request body: {e}"),
-                param: None,
-                code: None,
-            }
+/// Read a request body of at most `limit` bytes. A larger one is still read
+/// (and dropped) up to [`DRAIN_CAP`] before the 413, so a client that is
+/// still sending sees the answer instead of a reset connection.
+async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::new();
+    let mut total = 0usize;
+    while let Some(chunk) =
+        std::future::poll_fn(|cx| futures_core::Stream::poll_next(Pin::new(&mut stream), cx)).await
+    {
+        let chunk = chunk.map_err(|e| ApiError::BadRequest {
+            message: format!("could not read the request body: {e}"),
+            param: None,
+            code: None,
+        })?;
+        total += chunk.len();
+        if total <= limit {
+            buf.extend_from_slice(&chunk);
+        } else if total > DRAIN_CAP.max(limit) {
+            break;
         }
-    })?;
+    }
+    if total > limit {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    Ok(buf)
+}
+
+/// How much of an oversized body is read before giving up on it.
+const DRAIN_CAP: usize = 64 << 20;
+
+/// The body as a JSON object; 413 over the limit, 400 when it is not JSON.
+async fn json_body(body: Body, limit: usize) -> Result<serde_json::Value, ApiError> {
+    let bytes = read_body(body, limit).await?;
     let v: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest {
             message: format!("We could not parse the JSON body of your request: {e}"),
@@ -230,11 +247,8 @@ struct ChatPrompt {
     in_think: bool,
 }
 
-async fn chat(
-    State(s): State<Shared>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let v = json_body(body, s.max_body_bytes)?;
+async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError> {
+    let v = json_body(body, s.max_body_bytes).await?;
     let req: ChatCompletionRequest = parse_json(&v)?;
     let sampling: SamplingFields = parse_json(&v)?;
     let g = request::gen_params(&sampling, &s.limits)?;
@@ -304,11 +318,8 @@ async fn chat(
     .into_response())
 }
 
-async fn completions(
-    State(s): State<Shared>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let v = json_body(body, s.max_body_bytes)?;
+async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, ApiError> {
+    let v = json_body(body, s.max_body_bytes).await?;
     let req: CompletionRequest = parse_json(&v)?;
     let sampling: SamplingFields = parse_json(&v)?;
     let g = request::gen_params(&sampling, &s.limits)?;

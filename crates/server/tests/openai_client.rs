@@ -129,7 +129,7 @@ fn raw_http_without_api_key() {
         assert_eq!(status, 200, "{body}");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["object"], "list");
-        assert_eq!(v["data"][0]["id"], "demo-model");
+        assert!(v["data"][0]["id"].as_str().is_some_and(|id| !id.is_empty()));
     }
     // Errors keep OpenAI's shape.
     let (status, body) = http(&server, "GET", "/v1/chat/completions", "", None);

@@ -49,8 +49,10 @@ def leave_early(model_id):
         temperature=0,
         stream=True,
     )
-    for _ in s:
-        break
+    # Leave in the middle of the generation: after the first content token.
+    for chunk in s:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
     s.close()
 
 
