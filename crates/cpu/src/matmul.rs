@@ -157,14 +157,9 @@ enum Prepared {
     /// Float dot (float weights, or formats whose dot takes f32).
     Float,
     /// Quantized activations, one `stride`-byte record per token.
-    Quant {
-        bytes: Vec<u8>,
-        stride: usize,
-        dot: fn(&[u8], &[u8]) -> f32,
-        /// One row against up to `MULTI_MAX` tokens at once, if the type
-        /// has a tile kernel.
-        multi: Option<redlite_quant::DotMultiFn>,
-    },
+    /// Shared by every matrix whose format takes this activation format;
+    /// the dot kernels come from each matrix's own type.
+    Quant { bytes: Vec<u8>, stride: usize },
 }
 
 fn prepare(pool: &Pool, w: &QMatrix, xs: &[f32], n: usize) -> Result<Prepared, CpuError> {
@@ -192,12 +187,7 @@ fn prepare(pool: &Pool, w: &QMatrix, xs: &[f32], n: usize) -> Result<Prepared, C
                 .try_for_each(|(dst, x)| redlite_quant::quantize(act_ty, x, dst))
         })?;
     }
-    Ok(Prepared::Quant {
-        bytes,
-        stride,
-        dot: k.dot_fast,
-        multi: k.dot_multi,
-    })
+    Ok(Prepared::Quant { bytes, stride })
 }
 
 fn check_shapes(w: &QMatrix, xs: &[f32], ys: &[f32], n: usize) -> Result<(), CpuError> {
@@ -231,13 +221,18 @@ fn rows_block(
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) -> Result<(), CpuError> {
-    match prep {
-        Prepared::Quant {
-            bytes,
-            stride,
-            multi: Some(multi),
-            ..
-        } if n > 1 => {
+    let kernels = match prep {
+        Prepared::Quant { .. } => Some(redlite_quant::kernels(w.ty)?),
+        Prepared::Float => None,
+    };
+    match (prep, kernels) {
+        (
+            Prepared::Quant { bytes, stride },
+            Some(redlite_quant::Kernels {
+                dot_multi: Some(multi),
+                ..
+            }),
+        ) if n > 1 => {
             // Token groups outside, rows inside: a group's activations stay
             // in L1 while the rows stream past; each weight block is decoded
             // once per group.
@@ -253,9 +248,21 @@ fn rows_block(
                 t0 += g;
             }
         }
-        Prepared::Quant {
-            bytes, stride, dot, ..
-        } => {
+        (Prepared::Quant { bytes, stride }, Some(k)) => {
+            if n == 1 {
+                if let Some(rows) = redlite_quant::dot_rows_fn(w.ty) {
+                    // Decode: several rows share each activation block.
+                    let rb = w.row_bytes;
+                    rows(
+                        &w.data[r0 * rb..(r0 + nr) * rb],
+                        rb,
+                        &bytes[..*stride],
+                        &mut out[..nr],
+                    );
+                    return Ok(());
+                }
+            }
+            let dot = k.dot_fast;
             for r in 0..nr {
                 let row = w.row(r0 + r);
                 for t in 0..n {
@@ -263,7 +270,7 @@ fn rows_block(
                 }
             }
         }
-        Prepared::Float => {
+        _ => {
             for r in 0..nr {
                 let bytes = w.row(r0 + r);
                 let row: &[f32] = match (w.ty, f32_view(bytes)) {
@@ -295,47 +302,105 @@ pub fn matmul(
     n: usize,
     ys: &mut [f32],
 ) -> Result<(), CpuError> {
-    check_shapes(w, xs, ys, n)?;
-    if n == 0 || w.rows == 0 {
+    matmul_many(pool, &[*w], xs, n, &mut [ys])
+}
+
+/// `ys[m][t] = ws[m] · xs[t]` for several matrices reading the same
+/// activations (q/k/v, gate/up): the activations are quantized once per
+/// activation format and all rows of all matrices run in one parallel
+/// region. Every output value is the one [`matmul`] gives for its matrix
+/// alone (same quantized activations, same kernels).
+pub fn matmul_many(
+    pool: &Pool,
+    ws: &[QMatrix],
+    xs: &[f32],
+    n: usize,
+    ys: &mut [&mut [f32]],
+) -> Result<(), CpuError> {
+    if ws.len() != ys.len() {
+        return Err(CpuError::Shape {
+            what: "matmul outputs",
+            expected: ws.len(),
+            found: ys.len(),
+        });
+    }
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        check_shapes(w, xs, y, n)?;
+    }
+    if n == 0 {
         return Ok(());
     }
-    let prep = prepare(pool, w, xs, n)?;
-    let chunk = chunk_rows(w.rows, pool.threads());
+    // One preparation per distinct (activation format, cols).
+    let mut preps: Vec<(GgmlType, usize, Prepared)> = Vec::new();
+    let mut which = Vec::with_capacity(ws.len());
+    for w in ws {
+        let key = activation_key(w)?;
+        let i = match preps.iter().position(|(t, c, _)| (*t, *c) == (key, w.cols)) {
+            Some(i) => i,
+            None => {
+                preps.push((key, w.cols, prepare(pool, w, xs, n)?));
+                preps.len() - 1
+            }
+        };
+        which.push(i);
+    }
+    let threads = pool.threads();
     if n == 1 {
+        // Output chunks of every matrix, one task each.
+        let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+        for (m, y) in ys.iter_mut().enumerate() {
+            let chunk = chunk_rows(ws[m].rows, threads);
+            for (ci, out) in y.chunks_mut(chunk).enumerate() {
+                tasks.push((m, ci * chunk, out));
+            }
+        }
         return pool.install(|| {
-            ys.par_chunks_mut(chunk).enumerate().try_for_each_init(
+            tasks.into_par_iter().try_for_each_init(
                 Vec::new,
-                |scratch, (ci, out)| {
+                |scratch, (m, r0, out): (usize, usize, &mut [f32])| {
                     let nr = out.len();
-                    rows_block(w, &prep, xs, 1, ci * chunk, nr, out, scratch)
+                    rows_block(&ws[m], &preps[which[m]].2, xs, 1, r0, nr, out, scratch)
                 },
             )
         });
     }
     // Each chunk of rows computes an `nr × n` block; blocks are then placed
-    // into the token-major output.
-    let n_chunks = w.rows.div_ceil(chunk);
+    // into the token-major outputs.
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+    for (m, w) in ws.iter().enumerate() {
+        let chunk = chunk_rows(w.rows, threads);
+        for r0 in (0..w.rows).step_by(chunk.max(1)) {
+            tasks.push((m, r0, chunk.min(w.rows - r0)));
+        }
+    }
     let blocks: Vec<Vec<f32>> = pool.install(|| {
-        (0..n_chunks)
-            .into_par_iter()
-            .map_init(Vec::new, |scratch, ci| {
-                let r0 = ci * chunk;
-                let nr = chunk.min(w.rows - r0);
+        tasks
+            .par_iter()
+            .map_init(Vec::new, |scratch, &(m, r0, nr)| {
                 let mut out = vec![0f32; nr * n];
-                rows_block(w, &prep, xs, n, r0, nr, &mut out, scratch).map(|_| out)
+                rows_block(&ws[m], &preps[which[m]].2, xs, n, r0, nr, &mut out, scratch)
+                    .map(|_| out)
             })
             .collect::<Result<Vec<_>, CpuError>>()
     })?;
-    for (ci, block) in blocks.iter().enumerate() {
-        let r0 = ci * chunk;
-        let nr = block.len() / n;
+    for (&(m, r0, nr), block) in tasks.iter().zip(&blocks) {
+        let rows = ws[m].rows;
+        let y = &mut *ys[m];
         for r in 0..nr {
             for t in 0..n {
-                ys[t * w.rows + r0 + r] = block[r * n + t];
+                y[t * rows + r0 + r] = block[r * n + t];
             }
         }
     }
     Ok(())
+}
+
+/// The format `w`'s activations are prepared in (`F32` for a float dot).
+fn activation_key(w: &QMatrix) -> Result<GgmlType, CpuError> {
+    if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        return Ok(GgmlType::F32);
+    }
+    Ok(redlite_quant::kernels(w.ty)?.vec_dot_type)
 }
 
 /// The reference: every row dequantized to f32, dotted in f64, one thread.
@@ -438,6 +503,56 @@ mod tests {
 #[cfg(test)]
 mod quant_tests {
     use super::*;
+
+    /// `matmul_many` over matrices of different formats (sharing Q8_0 and
+    /// Q8_K activations) gives exactly what `matmul` gives per matrix.
+    #[test]
+    fn matmul_many_equals_matmul_per_matrix() {
+        let cols = 512;
+        let mut seed = 3u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let specs = [
+            (GgmlType::Q5_0, 70usize),
+            (GgmlType::Q8_0, 9),
+            (GgmlType::Q4_K, 33),
+            (GgmlType::Q5_0, 5),
+            (GgmlType::F32, 17),
+        ];
+        let data: Vec<Vec<u8>> = specs
+            .iter()
+            .map(|&(ty, rows)| {
+                let wv: Vec<f32> = (0..rows * cols).map(|_| next()).collect();
+                if ty == GgmlType::F32 {
+                    return wv.iter().flat_map(|x| x.to_le_bytes()).collect();
+                }
+                let mut b = vec![0u8; ty.bytes_for((rows * cols) as u64).unwrap() as usize];
+                redlite_quant::quantize(ty, &wv, &mut b).unwrap();
+                b
+            })
+            .collect();
+        let ws: Vec<QMatrix> = specs
+            .iter()
+            .zip(&data)
+            .map(|(&(ty, rows), b)| QMatrix::new(ty, b, rows, cols).unwrap())
+            .collect();
+        let pool = Pool::new(2);
+        for n in [1usize, 2, 11] {
+            let xs: Vec<f32> = (0..n * cols).map(|_| next()).collect();
+            let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; n * w.rows]).collect();
+            let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+            matmul_many(&pool, &ws, &xs, n, &mut refs).unwrap();
+            for (w, got) in ws.iter().zip(&outs) {
+                let mut one = vec![0f32; n * w.rows];
+                matmul(&pool, w, &xs, n, &mut one).unwrap();
+                assert_eq!(&one, got, "{} n {n}", w.ty);
+            }
+        }
+    }
 
     /// Quantized rows through the registry's kernels: the fast path (8-bit
     /// activations; batches through the `dot_multi` tile kernels, in token

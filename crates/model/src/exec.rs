@@ -15,7 +15,7 @@ use crate::weights::Weight;
 use crate::ModelError;
 use redlite_cpu::attention::{causal_attention, causal_attention_reference, AttnShape};
 use redlite_cpu::deltanet::{gdn_chunked, gdn_recurrent, GdnInputs, GdnShape};
-use redlite_cpu::matmul::{matmul, matmul_reference};
+use redlite_cpu::matmul::{matmul, matmul_many, matmul_reference};
 use redlite_cpu::matmul_ref::{matmul_reference_ggml, round_bf16, round_f16};
 use redlite_cpu::Pool;
 use redlite_gguf::{GgmlType, GgufFile};
@@ -44,6 +44,37 @@ impl Exec<'_> {
     pub fn linear(&self, w: &Weight, xs: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
         let m = w.matrix(self.file)?;
         self.run(&m, xs, n)
+    }
+
+    /// `W_i · x` for several weights reading the same `n` tokens (q/k/v,
+    /// gate/up): on the fast path the activations are quantized once and
+    /// all rows run in one parallel region (values as [`Exec::linear`]
+    /// gives them one by one).
+    pub fn linear_many<const N: usize>(
+        &self,
+        ws: [&Weight; N],
+        xs: &[f32],
+        n: usize,
+    ) -> Result<[Vec<f32>; N], ModelError> {
+        let ms = ws
+            .iter()
+            .map(|w| w.matrix(self.file))
+            .collect::<Result<Vec<_>, _>>()?;
+        let simple = !self.reference
+            && ms
+                .iter()
+                .all(|m| !matches!(m.ty, GgmlType::F16 | GgmlType::BF16));
+        if !simple {
+            let mut out: [Vec<f32>; N] = core::array::from_fn(|_| Vec::new());
+            for (o, m) in out.iter_mut().zip(&ms) {
+                *o = self.run(m, xs, n)?;
+            }
+            return Ok(out);
+        }
+        let mut out: [Vec<f32>; N] = core::array::from_fn(|i| vec![0f32; n * ms[i].rows]);
+        let mut refs: Vec<&mut [f32]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+        matmul_many(self.pool, &ms, xs, n, &mut refs)?;
+        Ok(out)
     }
 
     /// Rows `row0..row0+nrows` of `w` (one expert of a stacked tensor).

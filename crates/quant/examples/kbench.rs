@@ -68,7 +68,22 @@ fn main() {
                 black_box(&out);
             }
         }) / (rows * 8) as f64;
+        let rows4 = redlite_quant::dot_rows_fn(ty).map(|f| {
+            let mut out = vec![0f32; rows];
+            min_time(40, || {
+                f(&wb, rb, &acts[..stride], &mut out);
+                black_box(&out);
+            }) / rows as f64
+        });
         let blocks = (cols / ty.block_size()) as f64;
+        if let Some(t) = rows4 {
+            println!(
+                "{ty:>5} cols {cols}: dot_rows {:.1} ns/row ({:.2} ns/block, {:.1} GB/s)",
+                t * 1e9,
+                t * 1e9 / blocks,
+                rb as f64 / t / 1e9
+            );
+        }
         println!(
             "{ty:>5} cols {cols}: single {:.1} ns/row ({:.2} ns/block, {:.1} GB/s)  multi8 {:.1} ns/row·tok ({:.2} ns/block)  x{:.2}",
             single * 1e9,

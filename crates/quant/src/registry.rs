@@ -93,6 +93,18 @@ pub fn quantize_activations(weight_ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, Q
     Ok(out)
 }
 
+pub use crate::legacy::multi::DotRowsFn;
+
+/// The multi-row decode kernel of `ty` (several weight rows against one
+/// activation record, see [`DotRowsFn`]), if it has one and
+/// `REDLITE_REFERENCE` is off; callers loop over `dot_fast` otherwise.
+pub fn dot_rows_fn(ty: GgmlType) -> Option<DotRowsFn> {
+    if use_reference() {
+        return None;
+    }
+    crate::legacy::multi::dot_rows_fn(ty)
+}
+
 pub(crate) fn use_reference() -> bool {
     static FLAG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FLAG.get_or_init(|| std::env::var_os("REDLITE_REFERENCE").is_some_and(|v| v != "0"))

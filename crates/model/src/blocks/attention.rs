@@ -80,9 +80,7 @@ pub fn forward(
         head_dim: hd,
     } = p.shape;
     let t = Some(layer);
-    let qfull = ex.linear(&w.wq, x, n)?;
-    let mut k = ex.linear(&w.wk, x, n)?;
-    let mut v = ex.linear(&w.wv, x, n)?;
+    let [qfull, mut k, mut v] = ex.linear_many([&w.wq, &w.wk, &w.wv], x, n)?;
     // Split query and gate.
     let (mut q, gate) = if w.gated {
         let mut q = Vec::with_capacity(n * n_head * hd);

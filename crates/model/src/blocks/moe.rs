@@ -22,8 +22,7 @@ pub struct DenseFfn {
 
 impl DenseFfn {
     pub fn forward(&self, ex: &Exec, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
-        let mut g = ex.linear(&self.gate, x, n)?;
-        let u = ex.linear(&self.up, x, n)?;
+        let [mut g, u] = ex.linear_many([&self.gate, &self.up], x, n)?;
         swiglu(&mut g, &u);
         ex.linear(&self.down, &g, n)
     }

@@ -84,12 +84,101 @@ pub fn quantize_block_q8_k(x: &[f32; QK_K]) -> BlockQ8K {
     out
 }
 
-/// Quantize whole blocks of f32 into Q8_K bytes.
+/// Quantize whole blocks of f32 into Q8_K bytes: the AVX2 quantizer when
+/// the CPU has it (bit-identical to [`quantize_block_q8_k`] for finite
+/// inputs; other blocks take the scalar path), else the scalar one.
+/// `REDLITE_REFERENCE` forces the scalar one.
 pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     let blocks = cast_blocks_mut::<BlockQ8K>(dst);
     assert_eq!(src.len(), blocks.len() * QK_K, "Q8_K: element count");
+    #[cfg(target_arch = "x86_64")]
+    let fast = crate::legacy::x86::has_avx2_fma() && !crate::registry::use_reference();
+    #[cfg(not(target_arch = "x86_64"))]
+    let fast = false;
     for (b, x) in blocks.iter_mut().zip(src.chunks_exact(QK_K)) {
-        *b = quantize_block_q8_k(x.try_into().expect("256 elements"));
+        let x: &[f32; QK_K] = x.try_into().expect("256 elements");
+        #[cfg(target_arch = "x86_64")]
+        if fast {
+            // SAFETY: the CPU supports AVX2, FMA and F16C (checked above).
+            if let Some(q) = unsafe { avx2::quantize_block(x) } {
+                *b = q;
+                continue;
+            }
+        }
+        let _ = fast;
+        *b = quantize_block_q8_k(x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use core::arch::x86_64::*;
+
+    /// [`quantize_block_q8_k`] with AVX2: the same scale (`-127 / max`, max
+    /// the first value of largest magnitude), `iscale * v` rounded to
+    /// nearest even by `_mm256_round_ps` (the scalar `round_ties_even`),
+    /// clamped to −127..=127: the same bytes. `None` for non-finite input.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn quantize_block(x: &[f32; QK_K]) -> Option<BlockQ8K> {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        let mut nan = _mm256_setzero_ps();
+        for k in 0..QK_K / 8 {
+            // SAFETY: `x` has 256 readable f32, `8 * k + 8 <= 256`.
+            let v = unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * k)) };
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        }
+        // `_mm256_max_ps` may drop a NaN (it returns its second operand).
+        if _mm256_movemask_ps(nan) != 0 {
+            return None;
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        if !amax.is_finite() {
+            return None;
+        }
+        let mut out = BlockQ8K {
+            d: [0; 4],
+            qs: [0; QK_K],
+            bsums: [0; QK_K / 8],
+        };
+        if amax == 0.0 {
+            return Some(out);
+        }
+        // The first value whose magnitude is the maximum (the scalar loop
+        // keeps the first one on ties).
+        let max = *x.iter().find(|v| v.abs() == amax)?;
+        let iscale = -127.0 / max;
+        let is = _mm256_set1_ps(iscale);
+        let lo = _mm256_set1_epi32(-127);
+        let hi = _mm256_set1_epi32(127);
+        let q = |k: usize| {
+            // SAFETY: `x` has 256 readable f32, `8 * k + 8 <= 256`.
+            let v = unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * k)) };
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm256_mul_ps(is, v),
+            );
+            _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(r), lo), hi)
+        };
+        for c in 0..QK_K / 32 {
+            let p = crate::legacy::q8_0::avx2::pack_i32x32([
+                q(4 * c),
+                q(4 * c + 1),
+                q(4 * c + 2),
+                q(4 * c + 3),
+            ]);
+            // SAFETY: `out.qs` has 256 writable bytes, `32 * c + 32 <= 256`.
+            unsafe { _mm256_storeu_si256(out.qs.as_mut_ptr().add(32 * c).cast(), p) };
+        }
+        for g in 0..QK_K / 16 {
+            let s: i32 = out.qs[16 * g..16 * g + 16].iter().map(|&q| q as i32).sum();
+            out.bsums[2 * g..2 * g + 2].copy_from_slice(&(s as i16).to_le_bytes());
+        }
+        out.d = (1.0 / iscale).to_le_bytes();
+        Some(out)
     }
 }
 
@@ -149,6 +238,53 @@ mod tests {
             // Step is max/127 ≈ 0.65/127; rounding error at most half a step.
             assert!((a - b).abs() <= 0.65 / 127.0 * 0.5 + 1e-6, "{a} vs {b}");
         }
+    }
+
+    /// The AVX2 quantizer gives the scalar bytes exactly: random blocks over
+    /// many magnitudes, ties at .5 (max −127 makes `iscale` exactly 1), a
+    /// repeated maximum of both signs, a zero block.
+    #[test]
+    fn fast_quantizer_is_bit_identical() {
+        let mut seed = 11u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let mut x: Vec<f32> = Vec::new();
+        for k in 0..60 {
+            let scale = 10f32.powi(k % 9 - 4);
+            x.extend((0..QK_K).map(|_| next() * scale));
+        }
+        let mut b = [0f32; QK_K];
+        for (j, v) in b.iter_mut().enumerate() {
+            *v = (j as f32 - 128.0) + 0.5;
+        }
+        b[0] = 1.5;
+        b[255] = -0.5;
+        b[5] = -127.0;
+        x.extend_from_slice(&b);
+        b[9] = 127.0;
+        b[5] = 3.0;
+        b[20] = -127.0;
+        x.extend_from_slice(&b);
+        x.extend([0f32; QK_K]);
+        b[77] = f32::NAN;
+        x.extend_from_slice(&b);
+        let mut fast = vec![0u8; x.len() / QK_K * 292];
+        quantize_q8_k(&x, &mut fast);
+        let slow: Vec<u8> = x
+            .chunks_exact(QK_K)
+            .flat_map(|c| {
+                let b = quantize_block_q8_k(c.try_into().unwrap());
+                let mut v = b.d.to_vec();
+                v.extend(b.qs.iter().map(|&q| q as u8));
+                v.extend(b.bsums);
+                v
+            })
+            .collect();
+        assert_eq!(fast, slow);
     }
 
     #[test]

@@ -148,6 +148,196 @@ pub(crate) mod avx2 {
         (_mm256_sub_epi8(q, _mm256_set1_epi8(8)), a.d)
     }
 
+    /// `R` weight rows × one record (decode): the activation block and its
+    /// scale are loaded once per block for all rows; one accumulator per
+    /// row. Signed weights (`decode` as for [`tile`]).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn rows_signed<const R: usize, B, D>(
+        x: [&[B]; R],
+        y: &[BlockQ80],
+        pf: *const u8,
+        decode: D,
+    ) -> [f32; R]
+    where
+        D: Fn(&B) -> (__m256i, [u8; 2]),
+    {
+        let nb = y.len();
+        for r in &x {
+            assert_eq!(r.len(), nb, "dot: block counts");
+        }
+        let mut acc = [_mm256_setzero_ps(); R];
+        let ones = _mm256_set1_epi16(1);
+        let f16 = crate::f16util::f16_table();
+        for i in 0..nb {
+            prefetch::<R, B>(pf, i);
+            let b = &y[i];
+            // SAFETY: `b.qs` is 32 readable bytes.
+            let v = unsafe { load32(b.qs.as_ptr().cast()) };
+            let dy = f16[u16::from_le_bytes(b.d) as usize];
+            for r in 0..R {
+                let (q, dx) = decode(&x[r][i]);
+                let p = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(v, q)),
+                    ones,
+                );
+                let d = _mm256_set1_ps(f16[u16::from_le_bytes(dx) as usize] * dy);
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+            }
+        }
+        core::array::from_fn(|r| hsum_ps(acc[r]))
+    }
+
+    /// `R` weight rows × one record with unsigned weights: `decode` gives
+    /// the 32 values as bytes `0..=2·OFF-1` (value + `OFF`), which
+    /// `maddubs` takes as they are; `OFF · Σv` (per 8 lanes, once per
+    /// activation block) is subtracted in the integer domain, so each
+    /// block's integer dot is exact as in the signed form.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn rows_unsigned<const R: usize, const OFF: i8, B, D>(
+        x: [&[B]; R],
+        y: &[BlockQ80],
+        pf: *const u8,
+        decode: D,
+    ) -> [f32; R]
+    where
+        D: Fn(&B) -> (__m256i, [u8; 2]),
+    {
+        let nb = y.len();
+        for r in &x {
+            assert_eq!(r.len(), nb, "dot: block counts");
+        }
+        let mut acc = [_mm256_setzero_ps(); R];
+        let ones = _mm256_set1_epi16(1);
+        let off = _mm256_set1_epi8(OFF);
+        let f16 = crate::f16util::f16_table();
+        for i in 0..nb {
+            prefetch::<R, B>(pf, i);
+            let b = &y[i];
+            // SAFETY: `b.qs` is 32 readable bytes.
+            let v = unsafe { load32(b.qs.as_ptr().cast()) };
+            let corr = _mm256_madd_epi16(_mm256_maddubs_epi16(off, v), ones);
+            let dy = f16[u16::from_le_bytes(b.d) as usize];
+            for r in 0..R {
+                let (q, dx) = decode(&x[r][i]);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, v), ones);
+                let p = _mm256_sub_epi32(p, corr);
+                let d = _mm256_set1_ps(f16[u16::from_le_bytes(dx) as usize] * dy);
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+            }
+        }
+        core::array::from_fn(|r| hsum_ps(acc[r]))
+    }
+
+    /// Software prefetch for the multi-row kernels: rows are short (a few
+    /// hundred bytes), so four interleaved rows never look like a stream to
+    /// the hardware prefetcher; while block `i` of this group is computed,
+    /// the next group's bytes (contiguous from `pf`) are requested at the
+    /// same pace (`R` blocks per step).
+    #[inline(always)]
+    fn prefetch<const R: usize, B>(pf: *const u8, i: usize) {
+        let step = R * core::mem::size_of::<B>();
+        let p = pf.wrapping_add(i * step);
+        // SAFETY: a prefetch is a hint; it never faults, whatever the
+        // address (wrapping_add keeps the pointer arithmetic defined).
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p.cast());
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64).cast());
+        }
+    }
+
+    /// Q5_0 values + 16 (0..=31) as bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn decode_q5_0_u(a: &BlockQ50) -> (__m256i, [u8; 2]) {
+        // SAFETY: `a.qs` is 16 readable bytes.
+        let q = unsafe { nibbles_lo_hi(a.qs.as_ptr()) };
+        let bits = bits_to_bytes(u32::from_le_bytes(a.qh));
+        let b4 = _mm256_and_si256(bits, _mm256_set1_epi8(0x10));
+        (_mm256_or_si256(q, b4), a.d)
+    }
+
+    /// Q4_0 values + 8 (0..=15) as bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn decode_q4_0_u(a: &BlockQ40) -> (__m256i, [u8; 2]) {
+        // SAFETY: `a.qs` is 16 readable bytes.
+        (unsafe { nibbles_lo_hi(a.qs.as_ptr()) }, a.d)
+    }
+
+    /// Rows of `rows` (`row_bytes` each) against one record, four rows at
+    /// a time, then the remainder one by one.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn rows_run<B, K4, K1>(
+        rows: &[u8],
+        row_bytes: usize,
+        y: &[BlockQ80],
+        out: &mut [f32],
+        k4: K4,
+        k1: K1,
+    ) where
+        B: crate::block::Block,
+        K4: Fn([&[B]; 4], &[BlockQ80], *const u8) -> [f32; 4],
+        K1: Fn([&[B]; 1], &[BlockQ80], *const u8) -> [f32; 1],
+    {
+        assert!(rows.len() >= out.len() * row_bytes, "dot_rows: row bytes");
+        let row = |r: usize| cast_blocks::<B>(&rows[r * row_bytes..(r + 1) * row_bytes]);
+        let mut r = 0;
+        while r + 4 <= out.len() {
+            let pf = rows.as_ptr().wrapping_add((r + 4) * row_bytes);
+            let v = k4([row(r), row(r + 1), row(r + 2), row(r + 3)], y, pf);
+            out[r..r + 4].copy_from_slice(&v);
+            r += 4;
+        }
+        while r < out.len() {
+            let pf = rows.as_ptr().wrapping_add((r + 1) * row_bytes);
+            out[r] = k1([row(r)], y, pf)[0];
+            r += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn rows_q5_0(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [f32]) {
+        let y = cast_blocks::<BlockQ80>(act);
+        let d = |a: &BlockQ50| decode_q5_0_u(a);
+        rows_run(
+            rows,
+            row_bytes,
+            y,
+            out,
+            |x, y, pf| rows_unsigned::<4, 16, _, _>(x, y, pf, d),
+            |x, y, pf| rows_unsigned::<1, 16, _, _>(x, y, pf, d),
+        )
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn rows_q4_0(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [f32]) {
+        let y = cast_blocks::<BlockQ80>(act);
+        let d = |a: &BlockQ40| decode_q4_0_u(a);
+        rows_run(
+            rows,
+            row_bytes,
+            y,
+            out,
+            |x, y, pf| rows_unsigned::<4, 8, _, _>(x, y, pf, d),
+            |x, y, pf| rows_unsigned::<1, 8, _, _>(x, y, pf, d),
+        )
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn rows_q8_0(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [f32]) {
+        let y = cast_blocks::<BlockQ80>(act);
+        let d = |a: &BlockQ80| decode_q8_0(a);
+        rows_run(
+            rows,
+            row_bytes,
+            y,
+            out,
+            |x, y, pf| rows_signed::<4, _, _>(x, y, pf, d),
+            |x, y, pf| rows_signed::<1, _, _>(x, y, pf, d),
+        )
+    }
+
     macro_rules! entry {
         ($dot:ident, $multi:ident, $blk:ty, $decode:ident) => {
             #[target_feature(enable = "avx2,fma,f16c")]
@@ -221,3 +411,91 @@ dispatch!(
     super::q4::BlockQ40,
     super::q4::dot_q4_0_ref
 );
+
+/// Several weight rows against one activation record (decode): `out[r] =
+/// dot(rows[r * row_bytes..][..row_bytes], act)`.
+pub type DotRowsFn = fn(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [f32]);
+
+macro_rules! rows_dispatch {
+    ($name:ident, $avx:ident, $reference:path) => {
+        /// The AVX2 multi-row kernel (four rows share each activation
+        /// block), else the reference per row.
+        pub fn $name(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [f32]) {
+            assert!(rows.len() >= out.len() * row_bytes, "dot_rows: row bytes");
+            #[cfg(target_arch = "x86_64")]
+            if super::x86::has_avx2_fma() {
+                // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
+                return unsafe { avx2::$avx(rows, row_bytes, act, out) };
+            }
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = $reference(&rows[r * row_bytes..(r + 1) * row_bytes], act);
+            }
+        }
+    };
+}
+
+rows_dispatch!(rows_q8_0_fast, rows_q8_0, super::q8_0::dot_q8_0_ref);
+rows_dispatch!(rows_q5_0_fast, rows_q5_0, super::q5::dot_q5_0_ref);
+rows_dispatch!(rows_q4_0_fast, rows_q4_0, super::q4::dot_q4_0_ref);
+
+/// The multi-row decode kernel of `ty`, if it has one.
+pub fn dot_rows_fn(ty: redlite_gguf::GgmlType) -> Option<DotRowsFn> {
+    use redlite_gguf::GgmlType as T;
+    Some(match ty {
+        T::Q8_0 => rows_q8_0_fast,
+        T::Q5_0 => rows_q5_0_fast,
+        T::Q4_0 => rows_q4_0_fast,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redlite_gguf::GgmlType;
+
+    /// The multi-row kernels against the scalar reference per row: the
+    /// integer block dots are exact in both, so the difference is f32
+    /// accumulation order only (bound: 1e-5 · Σ|block terms|, checked as
+    /// 1e-5 · Σ|w|·|a| over the dequantized values). Row counts 1..=9
+    /// cover the four-row groups and the remainder.
+    #[test]
+    fn dot_rows_match_reference() {
+        let mut seed = 17u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let cols = 32 * 28;
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0] {
+            let f = dot_rows_fn(ty).unwrap();
+            let k = crate::kernels(ty).unwrap();
+            for nrows in 1..=9usize {
+                let w: Vec<f32> = (0..nrows * cols).map(|_| next()).collect();
+                let mut wb = vec![0u8; ty.bytes_for((nrows * cols) as u64).unwrap() as usize];
+                crate::quantize(ty, &w, &mut wb).unwrap();
+                let x: Vec<f32> = (0..cols).map(|_| next() * 3.0).collect();
+                let act = crate::quantize_activations(ty, &x).unwrap();
+                let rb = wb.len() / nrows;
+                let mut out = vec![0f32; nrows];
+                f(&wb, rb, &act, &mut out);
+                let mut deq = vec![0f32; cols];
+                let mut adeq = vec![0f32; cols];
+                crate::dequantize(GgmlType::Q8_0, &act, &mut adeq).unwrap();
+                for r in 0..nrows {
+                    let row = &wb[r * rb..(r + 1) * rb];
+                    let want = (k.dot_reference)(row, &act);
+                    crate::dequantize(ty, row, &mut deq).unwrap();
+                    let mag: f32 = deq.iter().zip(&adeq).map(|(a, b)| (a * b).abs()).sum();
+                    let e = (out[r] - want).abs();
+                    assert!(
+                        e <= mag * 1e-5 + 1e-6,
+                        "{ty} rows {nrows} row {r}: {e} vs {mag}"
+                    );
+                }
+            }
+        }
+    }
+}
