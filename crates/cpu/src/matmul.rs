@@ -233,6 +233,13 @@ fn rows_block(
                 ..
             }),
         ) if n > 1 => {
+            if let Some(gemm) = redlite_quant::gemm_fn(w.ty) {
+                // Rows × tokens in one call, written in place.
+                let rb = w.row_bytes;
+                let rows = &w.data[r0 * rb..(r0 + nr) * rb];
+                gemm(rows, rb, nr, bytes, *stride, n, &mut out[..nr * n]);
+                return Ok(());
+            }
             // Token groups outside, rows inside: a group's activations stay
             // in L1 while the rows stream past; each weight block is decoded
             // once per group.

@@ -75,7 +75,21 @@ fn main() {
                 black_box(&out);
             }) / rows as f64
         });
+        let gemm8 = redlite_quant::gemm_fn(ty).map(|f| {
+            let mut out = vec![0f32; rows * 8];
+            min_time(40, || {
+                f(&wb, rb, rows, &acts, stride, 8, &mut out);
+                black_box(&out);
+            }) / (rows * 8) as f64
+        });
         let blocks = (cols / ty.block_size()) as f64;
+        if let Some(t) = gemm8 {
+            println!(
+                "{ty:>5} cols {cols}: gemm x8 {:.1} ns/row·tok ({:.2} ns/block)",
+                t * 1e9,
+                t * 1e9 / blocks
+            );
+        }
         if let Some(t) = rows4 {
             println!(
                 "{ty:>5} cols {cols}: dot_rows {:.1} ns/row ({:.2} ns/block, {:.1} GB/s)",

@@ -20,6 +20,6 @@ pub use error::QuantError;
 pub use matvec::{matvec, matvec_f32};
 pub use redlite_gguf::GgmlType;
 pub use registry::{
-    dequantize, dot, dot_multi, dot_rows_fn, kernels, quantize, quantize_activations, DotMultiFn,
-    DotRowsFn, Kernels, MULTI_MAX,
+    dequantize, dot, dot_multi, dot_rows_fn, gemm_fn, kernels, quantize, quantize_activations,
+    DotMultiFn, DotRowsFn, GemmFn, Kernels, MULTI_MAX,
 };

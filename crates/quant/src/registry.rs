@@ -105,6 +105,17 @@ pub fn dot_rows_fn(ty: GgmlType) -> Option<DotRowsFn> {
     crate::legacy::multi::dot_rows_fn(ty)
 }
 
+pub use crate::legacy::multi::GemmFn;
+
+/// The GEMM kernel of `ty` (several weight rows × several activation
+/// records, see [`GemmFn`]), if it has one and `REDLITE_REFERENCE` is off.
+pub fn gemm_fn(ty: GgmlType) -> Option<GemmFn> {
+    if use_reference() {
+        return None;
+    }
+    crate::legacy::multi::gemm_fn(ty)
+}
+
 pub(crate) fn use_reference() -> bool {
     static FLAG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FLAG.get_or_init(|| std::env::var_os("REDLITE_REFERENCE").is_some_and(|v| v != "0"))

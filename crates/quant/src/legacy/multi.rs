@@ -338,6 +338,163 @@ pub(crate) mod avx2 {
         )
     }
 
+    /// `nr` weight rows × `n` records into `out` (`nr × n`, row-major by
+    /// weight row): prompt processing. Four records at a time: the four
+    /// per-record integer block dots are folded into one vector by two
+    /// `hadd` rounds (lanes 0..4 and 4..8 hold halves of records 0..4), so
+    /// each row-block needs one convert, one multiply by `dx · [dy0..dy3]`
+    /// (the record scales of each block built once per group, not per row)
+    /// and one FMA instead of four of each. Leftover records (< 4) go
+    /// through [`multi`] with the signed decoder `signed`. With `OFF > 0`,
+    /// `decode` gives unsigned weights (value + `OFF`, as in the decode
+    /// kernels) and `OFF · Σv` (per record and block, folded the same way,
+    /// built once per group) is subtracted in the integer domain: no sign
+    /// instructions per record.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn gemm<const OFF: i8, B, D, S>(
+        rows: &[u8],
+        row_bytes: usize,
+        nr: usize,
+        acts: &[u8],
+        stride: usize,
+        n: usize,
+        out: &mut [f32],
+        decode: D,
+        signed: S,
+    ) where
+        B: crate::block::Block,
+        D: Fn(&B) -> (__m256i, [u8; 2]) + Copy,
+        S: Fn(&B) -> (__m256i, [u8; 2]) + Copy,
+    {
+        let nb = row_bytes / core::mem::size_of::<B>();
+        let act_len = nb * core::mem::size_of::<BlockQ80>();
+        assert!(rows.len() >= nr * row_bytes, "gemm: row bytes");
+        assert!(out.len() >= nr * n, "gemm: output");
+        assert!(
+            n == 0 || (stride >= act_len && acts.len() >= (n - 1) * stride + act_len),
+            "gemm: records"
+        );
+        let row = |r: usize| cast_blocks::<B>(&rows[r * row_bytes..(r + 1) * row_bytes]);
+        let f16 = crate::f16util::f16_table();
+        let ones = _mm256_set1_epi16(1);
+        let mut dyv: Vec<__m256> = Vec::with_capacity(nb);
+        let mut corr: Vec<__m256i> = Vec::with_capacity(nb);
+        let off = _mm256_set1_epi8(OFF);
+        let mut t0 = 0;
+        while t0 + 4 <= n {
+            let ys = records::<4>(acts, stride, t0, 4, nb);
+            dyv.clear();
+            dyv.extend((0..nb).map(|i| {
+                let d: [f32; 4] =
+                    core::array::from_fn(|t| f16[u16::from_le_bytes(ys[t][i].d) as usize]);
+                _mm256_setr_ps(d[0], d[1], d[2], d[3], d[0], d[1], d[2], d[3])
+            }));
+            if OFF != 0 {
+                // `OFF · Σv` per record and block, folded like the dots.
+                corr.clear();
+                corr.extend((0..nb).map(|i| {
+                    let c: [__m256i; 4] = core::array::from_fn(|t| {
+                        // SAFETY: `qs` is 32 readable bytes.
+                        let v = unsafe { load32(ys[t][i].qs.as_ptr().cast()) };
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(off, v), ones)
+                    });
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(c[0], c[1]), _mm256_hadd_epi32(c[2], c[3]))
+                }));
+            }
+            for r in 0..nr {
+                let x = row(r);
+                let mut acc = _mm256_setzero_ps();
+                for i in 0..nb {
+                    let (q, dx) = decode(&x[i]);
+                    let ax = if OFF != 0 { q } else { _mm256_sign_epi8(q, q) };
+                    let p: [__m256i; 4] = core::array::from_fn(|t| {
+                        // SAFETY: `qs` is 32 readable bytes.
+                        let v = unsafe { load32(ys[t][i].qs.as_ptr().cast()) };
+                        let v = if OFF != 0 { v } else { _mm256_sign_epi8(v, q) };
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, v), ones)
+                    });
+                    let mut h = _mm256_hadd_epi32(
+                        _mm256_hadd_epi32(p[0], p[1]),
+                        _mm256_hadd_epi32(p[2], p[3]),
+                    );
+                    if OFF != 0 {
+                        h = _mm256_sub_epi32(h, corr[i]);
+                    }
+                    let d =
+                        _mm256_mul_ps(_mm256_set1_ps(f16[u16::from_le_bytes(dx) as usize]), dyv[i]);
+                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(h), acc);
+                }
+                let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+                let mut v = [0f32; 4];
+                // SAFETY: `v` is 4 writable f32.
+                unsafe { _mm_storeu_ps(v.as_mut_ptr(), s) };
+                out[r * n + t0..r * n + t0 + 4].copy_from_slice(&v);
+            }
+            t0 += 4;
+        }
+        if t0 < n {
+            let g = n - t0;
+            let mut tmp = [0f32; 4];
+            for r in 0..nr {
+                multi(row(r), &acts[t0 * stride..], stride, &mut tmp[..g], signed);
+                out[r * n + t0..r * n + n].copy_from_slice(&tmp[..g]);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn gemm_q5_0(
+        rows: &[u8],
+        row_bytes: usize,
+        nr: usize,
+        acts: &[u8],
+        stride: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let (u, d) = (
+            |a: &BlockQ50| decode_q5_0_u(a),
+            |a: &BlockQ50| decode_q5_0(a),
+        );
+        gemm::<16, _, _, _>(rows, row_bytes, nr, acts, stride, n, out, u, d)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn gemm_q8_0(
+        rows: &[u8],
+        row_bytes: usize,
+        nr: usize,
+        acts: &[u8],
+        stride: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let d = |a: &BlockQ80| decode_q8_0(a);
+        gemm::<0, _, _, _>(rows, row_bytes, nr, acts, stride, n, out, d, d)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn gemm_q4_0(
+        rows: &[u8],
+        row_bytes: usize,
+        nr: usize,
+        acts: &[u8],
+        stride: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let (u, d) = (
+            |a: &BlockQ40| decode_q4_0_u(a),
+            |a: &BlockQ40| decode_q4_0(a),
+        );
+        gemm::<8, _, _, _>(rows, row_bytes, nr, acts, stride, n, out, u, d)
+    }
+
     macro_rules! entry {
         ($dot:ident, $multi:ident, $blk:ty, $decode:ident) => {
             #[target_feature(enable = "avx2,fma,f16c")]
@@ -438,6 +595,76 @@ rows_dispatch!(rows_q8_0_fast, rows_q8_0, super::q8_0::dot_q8_0_ref);
 rows_dispatch!(rows_q5_0_fast, rows_q5_0, super::q5::dot_q5_0_ref);
 rows_dispatch!(rows_q4_0_fast, rows_q4_0, super::q4::dot_q4_0_ref);
 
+/// `nr` weight rows × `n` activation records (any `n`): `out[r * n + t] =
+/// dot(rows[r * row_bytes..][..row_bytes], acts[t * stride..][..act_len])`.
+pub type GemmFn = fn(
+    rows: &[u8],
+    row_bytes: usize,
+    nr: usize,
+    acts: &[u8],
+    stride: usize,
+    n: usize,
+    out: &mut [f32],
+);
+
+macro_rules! gemm_dispatch {
+    ($name:ident, $avx:ident, $multi:ident) => {
+        /// The AVX2 four-record GEMM kernel, else the multi kernel per row.
+        pub fn $name(
+            rows: &[u8],
+            row_bytes: usize,
+            nr: usize,
+            acts: &[u8],
+            stride: usize,
+            n: usize,
+            out: &mut [f32],
+        ) {
+            #[cfg(target_arch = "x86_64")]
+            if super::x86::has_avx2_fma() {
+                // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
+                return unsafe { avx2::$avx(rows, row_bytes, nr, acts, stride, n, out) };
+            }
+            assert!(out.len() >= nr * n, "gemm: output");
+            for r in 0..nr {
+                let row = &rows[r * row_bytes..(r + 1) * row_bytes];
+                let mut t0 = 0;
+                while t0 < n {
+                    let g = (n - t0).min(MULTI_MAX);
+                    $multi(
+                        row,
+                        &acts[t0 * stride..],
+                        stride,
+                        &mut out[r * n + t0..r * n + t0 + g],
+                    );
+                    t0 += g;
+                }
+            }
+        }
+    };
+}
+
+gemm_dispatch!(gemm_q8_0_fast, gemm_q8_0, multi_q8_0);
+gemm_dispatch!(gemm_q5_0_fast, gemm_q5_0, multi_q5_0);
+gemm_dispatch!(gemm_q4_0_fast, gemm_q4_0, multi_q4_0);
+
+/// The GEMM kernel of `ty` (prompt processing), if it has one.
+///
+/// Q8_0 weights keep the [`multi_q8_0`] tile: `gemm_q8_0_fast` is 14%
+/// faster in kbench but sums in another f32 order, and on the tiny
+/// Qwen3-Next Q8_0 fixture that moved one activation across a Q8_0
+/// rounding boundary at token 2 (`fixture_parity`'s
+/// `quantized_layers_match_llama_cpp` wants llama.cpp's values for all 8
+/// tokens there). The demo model's only Q8_0 matrix is the head, which
+/// prompt processing runs for the last token only.
+pub fn gemm_fn(ty: redlite_gguf::GgmlType) -> Option<GemmFn> {
+    use redlite_gguf::GgmlType as T;
+    Some(match ty {
+        T::Q5_0 => gemm_q5_0_fast,
+        T::Q4_0 => gemm_q4_0_fast,
+        _ => return None,
+    })
+}
+
 /// The multi-row decode kernel of `ty`, if it has one.
 pub fn dot_rows_fn(ty: redlite_gguf::GgmlType) -> Option<DotRowsFn> {
     use redlite_gguf::GgmlType as T;
@@ -453,6 +680,62 @@ pub fn dot_rows_fn(ty: redlite_gguf::GgmlType) -> Option<DotRowsFn> {
 mod tests {
     use super::*;
     use redlite_gguf::GgmlType;
+
+    /// The GEMM kernels against the scalar reference per (row, record):
+    /// exact integer block dots, f32 accumulation order only (bound 1e-5 ·
+    /// Σ|w·a| over the dequantized values). Records 1..=11 cover the
+    /// four-record groups and the leftover path; rows 1..=5.
+    #[test]
+    fn gemm_matches_reference() {
+        let mut seed = 23u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let cols = 32 * 28;
+        let fs: [(GgmlType, GemmFn); 3] = [
+            (GgmlType::Q8_0, gemm_q8_0_fast),
+            (GgmlType::Q5_0, gemm_q5_0_fast),
+            (GgmlType::Q4_0, gemm_q4_0_fast),
+        ];
+        for (ty, f) in fs {
+            let k = crate::kernels(ty).unwrap();
+            for (nr, n) in [(1usize, 1usize), (3, 4), (5, 7), (2, 8), (4, 11)] {
+                let w: Vec<f32> = (0..nr * cols).map(|_| next()).collect();
+                let mut wb = vec![0u8; ty.bytes_for((nr * cols) as u64).unwrap() as usize];
+                crate::quantize(ty, &w, &mut wb).unwrap();
+                let rb = wb.len() / nr;
+                let acts: Vec<Vec<u8>> = (0..n)
+                    .map(|_| {
+                        let x: Vec<f32> = (0..cols).map(|_| next() * 2.0).collect();
+                        crate::quantize_activations(ty, &x).unwrap()
+                    })
+                    .collect();
+                let stride = acts[0].len() + 6;
+                let mut flat = vec![0u8; n * stride];
+                for (t, a) in acts.iter().enumerate() {
+                    flat[t * stride..t * stride + a.len()].copy_from_slice(a);
+                }
+                let mut out = vec![0f32; nr * n];
+                f(&wb, rb, nr, &flat, stride, n, &mut out);
+                let mut deq = vec![0f32; cols];
+                let mut adeq = vec![0f32; cols];
+                for r in 0..nr {
+                    let row = &wb[r * rb..(r + 1) * rb];
+                    crate::dequantize(ty, row, &mut deq).unwrap();
+                    for (t, a) in acts.iter().enumerate() {
+                        crate::dequantize(GgmlType::Q8_0, a, &mut adeq).unwrap();
+                        let want = (k.dot_reference)(row, a);
+                        let mag: f32 = deq.iter().zip(&adeq).map(|(a, b)| (a * b).abs()).sum();
+                        let e = (out[r * n + t] - want).abs();
+                        assert!(e <= mag * 1e-5 + 1e-6, "{ty} {nr}x{n} ({r},{t}): {e}");
+                    }
+                }
+            }
+        }
+    }
 
     /// The multi-row kernels against the scalar reference per row: the
     /// integer block dots are exact in both, so the difference is f32
