@@ -22,7 +22,7 @@
 
 #define GEMV_WARPS 4
 
-template <class T, int NR>
+template <class T, int NR, int U>
 __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, u64 mat_bytes,
                                           const u32* __restrict__ slots,
                                           const float* __restrict__ x, long long x_stride,
@@ -39,16 +39,28 @@ __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, u64 mat_byte
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
     const int nchunks = nb * T::LPB;
-    for (int c = lane; c < nchunks; c += 32) {
-        const int b = c / T::LPB;
-        const int sub = c % T::LPB;
-        float xv[32];
-        T::load_x(x + (u64)b * T::QK, sub, xv);
+    // U = 2: chunks c and c+32 in one straight-line body (the second
+    // clamped to the last chunk and weighted 0 past the end), so the loads
+    // of both are issued before the math of either.
+    for (int c = lane; c < nchunks; c += 32 * U) {
+        float xv[U][32];
+        int cc[U];
+        float keep[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            cc[u] = min(c + 32 * u, nchunks - 1);
+            keep[u] = (c + 32 * u < nchunks) ? 1.0f : 0.0f;
+            T::load_x(x + (u64)(cc[u] / T::LPB) * T::QK, cc[u] % T::LPB, xv[u]);
+        }
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             const int row = min(row0 + r, rows - 1);
-            const u64 bi = (u64)row * nb + b;
-            acc[r] += T::dot(base + bi * T::PAYLOAD, dd + bi, sub, xv);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const u64 bi = (u64)row * nb + cc[u] / T::LPB;
+                const float d = T::dot(base + bi * T::PAYLOAD, dd + bi, cc[u] % T::LPB, xv[u]);
+                acc[r] = U == 1 ? acc[r] + d : fmaf(keep[u], d, acc[r]);
+            }
         }
     }
 #pragma unroll
@@ -58,16 +70,20 @@ __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, u64 mat_byte
     }
 }
 
-#define GEMV_KERNEL(NAME, T, NR)                                                           \
+#define GEMV_KERNEL(NAME, T, NR, U)                                                         \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                          \
         NAME(const u8* __restrict__ w, u64 mat_bytes, const u32* __restrict__ slots,        \
              const float* __restrict__ x, long long x_stride, float* __restrict__ y,        \
              int rows, int nb) {                                                            \
-        gemv_body<T, NR>(w, mat_bytes, slots, x, x_stride, y, rows, nb);                   \
+        gemv_body<T, NR, U>(w, mat_bytes, slots, x, x_stride, y, rows, nb);                   \
     }
 
-// Rows per warp 1, 2 and 4: `redlite bench kernels` measures all three.
-#define GEMV_KERNELS(PREFIX, T)       \
-    GEMV_KERNEL(PREFIX##_r1, T, 1)    \
-    GEMV_KERNEL(PREFIX##_r2, T, 2)    \
-    GEMV_KERNEL(PREFIX##_r4, T, 4)
+// Rows per warp 1, 2 and 4, one chunk per step (`_rN`) or two (`_rNx2`):
+// `redlite bench kernels` measures all six.
+#define GEMV_KERNELS(PREFIX, T)          \
+    GEMV_KERNEL(PREFIX##_r1, T, 1, 1)    \
+    GEMV_KERNEL(PREFIX##_r2, T, 2, 1)    \
+    GEMV_KERNEL(PREFIX##_r4, T, 4, 1)    \
+    GEMV_KERNEL(PREFIX##_r1x2, T, 1, 2)  \
+    GEMV_KERNEL(PREFIX##_r2x2, T, 2, 2)  \
+    GEMV_KERNEL(PREFIX##_r4x2, T, 4, 2)

@@ -5,12 +5,13 @@
 //! on an H200) cannot hold them.
 
 use crate::device::Gpu;
-use crate::gemv::{kernel_name, DeviceMatrix, ExpertStack};
+use crate::gemv::{kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Vec, Variant};
 use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{random_vec, random_weights, Rng};
 use anyhow::Result;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaSlice;
+use redlite_gguf::GgmlType;
 
 const BATCH: usize = 32;
 const BATCHES: usize = 15;
@@ -100,7 +101,7 @@ pub const SHAPES: &[(&str, usize, usize)] = &[
     ("head 151936x2048", 151936, 2048),
 ];
 
-pub fn run(gpu: &Gpu, nrs: &[u32]) -> Result<Vec<BenchRow>> {
+pub fn run(gpu: &Gpu, nrs: &[Variant]) -> Result<Vec<BenchRow>> {
     let mut rng = Rng(0x5eed);
     let mut out = Vec::new();
     for ty in GEMV_TYPES {
@@ -163,7 +164,100 @@ pub fn run(gpu: &Gpu, nrs: &[u32]) -> Result<Vec<BenchRow>> {
             }
         }
     }
+    run_q8(gpu, &mut rng, &mut out)?;
     Ok(out)
+}
+
+/// The int8-activation IQ2_XXS kernels on the same shapes (x quantized once
+/// beforehand, not timed with them), gate+up of 10 experts in one launch,
+/// and the quantization itself.
+fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<BenchRow>) -> Result<()> {
+    let ty = GgmlType::IQ2_XXS;
+    let l = layout(ty)?;
+    let nrs = [1u32, 2, 4];
+    for &(name, rows, cols) in SHAPES {
+        let w = random_weights(&l, rows, cols, rng);
+        let copies = (ROTATE_BYTES / w.len()).clamp(1, 64);
+        let mats: Vec<DeviceMatrix> = (0..copies)
+            .map(|_| DeviceMatrix::upload(gpu, ty, rows, cols, &w))
+            .collect::<Result<_>>()?;
+        drop(w);
+        let x = gpu.stream.clone_htod(&random_vec(cols, rng))?;
+        let mut xq = Q8Vec::new(gpu, cols)?;
+        xq.quantize(gpu, &x)?;
+        let mut y: CudaSlice<f32> = gpu.stream.alloc_zeros(rows)?;
+        for &nr in &nrs {
+            let t = time(gpu, |i| mats[i % copies].gemv_q8(gpu, &xq, &mut y, nr))?;
+            let bytes = mats[0].bytes();
+            out.push(BenchRow {
+                kernel: q8_kernel_name(nr)?,
+                shape: name.to_string(),
+                bytes,
+                us: t * 1e6,
+                gbps: bytes as f64 / t / 1e9,
+            });
+        }
+        if cols == 2048 && rows == 8192 {
+            let t = time(gpu, |_| xq.quantize(gpu, &x))?;
+            out.push(BenchRow {
+                kernel: "quantize_q8_32".into(),
+                shape: "x 2048 (f32 read)".into(),
+                bytes: cols * 4,
+                us: t * 1e6,
+                gbps: (cols * 4) as f64 / t / 1e9,
+            });
+        }
+    }
+    let n_slots = 512;
+    let (rows, cols) = (512, 2048);
+    let mut gate = ExpertStack::new(gpu, ty, rows, cols, n_slots)?;
+    let mut up = ExpertStack::new(gpu, ty, rows, cols, n_slots)?;
+    let w = random_weights(&l, rows, cols, rng);
+    for s in 0..n_slots {
+        gate.upload(gpu, s, &w)?;
+        up.upload(gpu, s, &w)?;
+    }
+    let mut down = ExpertStack::new(gpu, ty, cols, rows, n_slots)?;
+    let wd = random_weights(&l, cols, rows, rng);
+    for s in 0..n_slots {
+        down.upload(gpu, s, &wd)?;
+    }
+    let sets: Vec<CudaSlice<u32>> = (0..64)
+        .map(|_| {
+            let v: Vec<u32> = (0..10).map(|_| rng.below(n_slots) as u32).collect();
+            Ok(gpu.stream.clone_htod(&v)?)
+        })
+        .collect::<Result<_>>()?;
+    let x = gpu.stream.clone_htod(&random_vec(cols * 10, rng))?;
+    let mut xq = Q8Vec::new(gpu, cols * 10)?;
+    xq.quantize(gpu, &x)?;
+    let mut y: CudaSlice<f32> = gpu.stream.alloc_zeros((rows * 20).max(cols * 10))?;
+    let mb = l.matrix_bytes(rows, cols)?;
+    for &nr in &nrs {
+        let mut push = |shape: &str, bytes: usize, t: f64| -> Result<()> {
+            out.push(BenchRow {
+                kernel: q8_kernel_name(nr)?,
+                shape: shape.to_string(),
+                bytes,
+                us: t * 1e6,
+                gbps: bytes as f64 / t / 1e9,
+            });
+            Ok(())
+        };
+        let t = time(gpu, |i| {
+            gate.gemv_q8(gpu, &sets[i % 64], 10, &xq, 0, &mut y, nr)
+        })?;
+        push("10 experts 512x2048 (up)", 10 * mb, t)?;
+        let t = time(gpu, |i| {
+            down.gemv_q8(gpu, &sets[i % 64], 10, &xq, rows, &mut y, nr)
+        })?;
+        push("10 experts 2048x512 (down)", 10 * mb, t)?;
+        let t = time(gpu, |i| {
+            ExpertStack::gemv_gate_up_q8(&gate, &up, gpu, &sets[i % 64], 10, &xq, &mut y, nr)
+        })?;
+        push("10 experts gate+up fused 2x512x2048", 20 * mb, t)?;
+    }
+    Ok(())
 }
 
 pub fn print(gpu: &Gpu, copy_gbps: f64, rows: &[BenchRow]) {

@@ -11,8 +11,39 @@ pub const GEMV_WARPS: u32 = 4;
 /// Rows per warp the wrappers pick by default (see `redlite bench kernels`).
 pub const DEFAULT_NR: u32 = 2;
 
-/// Kernel name for `ty` with `nr` rows per warp.
-pub fn kernel_name(ty: GgmlType, nr: u32) -> Result<String> {
+/// One configuration of the f32-activation GEMV kernels: `nr` rows per
+/// warp; `x2`: each lane handles two chunks per loop step (loads of both
+/// issued before the math).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    pub nr: u32,
+    pub x2: bool,
+}
+
+impl Variant {
+    pub const fn new(nr: u32, x2: bool) -> Self {
+        Self { nr, x2 }
+    }
+    /// Every compiled configuration.
+    pub const ALL: [Variant; 6] = [
+        Variant::new(1, false),
+        Variant::new(2, false),
+        Variant::new(4, false),
+        Variant::new(1, true),
+        Variant::new(2, true),
+        Variant::new(4, true),
+    ];
+}
+
+impl From<u32> for Variant {
+    fn from(nr: u32) -> Self {
+        Self::new(nr, false)
+    }
+}
+
+/// Kernel name for `ty` in configuration `v`.
+pub fn kernel_name(ty: GgmlType, v: impl Into<Variant>) -> Result<String> {
+    let Variant { nr, x2 } = v.into();
     let tag = match ty {
         GgmlType::Q4_K => "q4_k",
         GgmlType::Q6_K => "q6_k",
@@ -21,7 +52,67 @@ pub fn kernel_name(ty: GgmlType, nr: u32) -> Result<String> {
         other => bail!("no CUDA GEMV kernel for {other:?}"),
     };
     ensure!(matches!(nr, 1 | 2 | 4), "rows per warp must be 1, 2 or 4");
-    Ok(format!("gemv_{tag}_r{nr}"))
+    Ok(format!("gemv_{tag}_r{nr}{}", if x2 { "x2" } else { "" }))
+}
+
+/// Name of the int8-activation IQ2_XXS kernel with `nr` rows per lane group.
+pub fn q8_kernel_name(nr: u32) -> Result<String> {
+    ensure!(matches!(nr, 1 | 2 | 4), "rows per warp must be 1, 2 or 4");
+    Ok(format!("gemv_iq2_xxs_q8_r{nr}"))
+}
+
+/// Lanes serving one row in `gemv_iq2_xxs_q8` (`iq2_lanes_per_row` there):
+/// the largest power of two <= the row's 16-byte chunks (4 per block), at
+/// most 32.
+pub fn iq2_q8_lanes_per_row(nb: usize) -> u32 {
+    match nb * 4 {
+        n if n >= 32 => 32,
+        n if n >= 16 => 16,
+        n if n >= 8 => 8,
+        _ => 4,
+    }
+}
+
+/// An activation vector quantized for the int8 kernels
+/// (`kernels/quantize_q8.cu`): `n` int8 values and one f32 scale per 32.
+pub struct Q8Vec {
+    pub n: usize,
+    pub q: CudaSlice<i8>,
+    pub d: CudaSlice<f32>,
+}
+
+impl Q8Vec {
+    /// Room for `n` values (`n` a multiple of 32).
+    pub fn new(gpu: &Gpu, n: usize) -> Result<Self> {
+        ensure!(
+            n > 0 && n.is_multiple_of(32) && n <= i32::MAX as usize,
+            "Q8Vec: {n} values"
+        );
+        Ok(Self {
+            n,
+            q: gpu.stream.alloc_zeros(n)?,
+            d: gpu.stream.alloc_zeros(n / 32)?,
+        })
+    }
+
+    /// Quantize the first `self.n` values of `x` (one launch).
+    pub fn quantize(&mut self, gpu: &Gpu, x: &CudaSlice<f32>) -> Result<()> {
+        ensure!(x.len() >= self.n, "Q8Vec::quantize: short x");
+        let f = gpu.func("quantize_q8_32")?;
+        let cfg = LaunchConfig {
+            grid_dim: ((self.n as u32).div_ceil(256), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let n = self.n as i32;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(x).arg(&mut self.q).arg(&mut self.d).arg(&n);
+        // SAFETY: quantize_q8_32(const float*, i8*, float*, int) reads n
+        // floats of x and writes n bytes of q and n/32 floats of d, all of
+        // which the buffers hold (n % 32 == 0 checked in `new`); one stream.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
 }
 
 /// One quantized matrix (`rows` x `cols`) in the device layout.
@@ -55,7 +146,7 @@ impl DeviceMatrix {
         gpu: &Gpu,
         x: &CudaSlice<f32>,
         y: &mut CudaSlice<f32>,
-        nr: u32,
+        v: impl Into<Variant>,
     ) -> Result<()> {
         ensure!(
             x.len() >= self.cols && y.len() >= self.rows,
@@ -64,7 +155,7 @@ impl DeviceMatrix {
         launch(
             gpu,
             &self.layout,
-            nr,
+            v.into(),
             &self.buf,
             self.bytes() as u64,
             None,
@@ -74,6 +165,33 @@ impl DeviceMatrix {
             y,
             self.rows,
             self.cols,
+        )
+    }
+
+    /// `y = W x` with int8 activations (IQ2_XXS only; `x` quantized by
+    /// [`Q8Vec::quantize`], `x.n >= cols`).
+    pub fn gemv_q8(&self, gpu: &Gpu, x: &Q8Vec, y: &mut CudaSlice<f32>, nr: u32) -> Result<()> {
+        ensure!(
+            x.n >= self.cols && y.len() >= self.rows,
+            "gemv_q8: short x or y"
+        );
+        launch_q8(
+            gpu,
+            Q8Launch {
+                layout: &self.layout,
+                nr,
+                w0: &self.buf,
+                w1: &self.buf,
+                n_first: 1,
+                mat_bytes: self.bytes() as u64,
+                slots: None,
+                n_mats: 1,
+                x,
+                x_stride: 0,
+                rows: self.rows,
+                cols: self.cols,
+            },
+            y,
         )
     }
 }
@@ -131,7 +249,7 @@ impl ExpertStack {
         x: &CudaSlice<f32>,
         x_stride: usize,
         y: &mut CudaSlice<f32>,
-        nr: u32,
+        v: impl Into<Variant>,
     ) -> Result<()> {
         ensure!(
             slots.len() >= n,
@@ -146,7 +264,7 @@ impl ExpertStack {
         launch(
             gpu,
             &self.layout,
-            nr,
+            v.into(),
             &self.buf,
             self.stride as u64,
             Some(slots),
@@ -158,13 +276,160 @@ impl ExpertStack {
             self.cols,
         )
     }
+
+    /// [`Self::gemv`] with int8 activations (IQ2_XXS only): `x_stride`
+    /// (values) 0 or `cols`, a multiple of 32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_q8(
+        &self,
+        gpu: &Gpu,
+        slots: &CudaSlice<u32>,
+        n: usize,
+        x: &Q8Vec,
+        x_stride: usize,
+        y: &mut CudaSlice<f32>,
+        nr: u32,
+    ) -> Result<()> {
+        ensure!(slots.len() >= n && n >= 1, "gemv_q8: {n} experts");
+        ensure!(
+            x.n >= (n - 1) * x_stride + self.cols,
+            "gemv_q8 experts: short x"
+        );
+        ensure!(y.len() >= n * self.rows, "gemv_q8 experts: short y");
+        launch_q8(
+            gpu,
+            Q8Launch {
+                layout: &self.layout,
+                nr,
+                w0: &self.buf,
+                w1: &self.buf,
+                n_first: n,
+                mat_bytes: self.stride as u64,
+                slots: Some(slots),
+                n_mats: n,
+                x,
+                x_stride,
+                rows: self.rows,
+                cols: self.cols,
+            },
+            y,
+        )
+    }
+
+    /// Gate and up of the `n` routed experts in one launch (int8
+    /// activations, one shared x): `y[..n*rows]` = gate outputs,
+    /// `y[n*rows..2*n*rows]` = up outputs, expert i at `i*rows`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_gate_up_q8(
+        gate: &ExpertStack,
+        up: &ExpertStack,
+        gpu: &Gpu,
+        slots: &CudaSlice<u32>,
+        n: usize,
+        x: &Q8Vec,
+        y: &mut CudaSlice<f32>,
+        nr: u32,
+    ) -> Result<()> {
+        ensure!(
+            gate.layout == up.layout
+                && (gate.rows, gate.cols, gate.stride) == (up.rows, up.cols, up.stride),
+            "gate_up: gate and up stacks differ in shape"
+        );
+        ensure!(gate.n_slots == up.n_slots, "gate_up: slot counts differ");
+        ensure!(slots.len() >= n && n >= 1, "gate_up: {n} experts");
+        ensure!(x.n >= gate.cols, "gate_up: short x");
+        ensure!(y.len() >= 2 * n * gate.rows, "gate_up: short y");
+        launch_q8(
+            gpu,
+            Q8Launch {
+                layout: &gate.layout,
+                nr,
+                w0: &gate.buf,
+                w1: &up.buf,
+                n_first: n,
+                mat_bytes: gate.stride as u64,
+                slots: Some(slots),
+                n_mats: 2 * n,
+                x,
+                x_stride: 0,
+                rows: gate.rows,
+                cols: gate.cols,
+            },
+            y,
+        )
+    }
+}
+
+struct Q8Launch<'a> {
+    layout: &'a DeviceLayout,
+    nr: u32,
+    w0: &'a CudaSlice<u8>,
+    w1: &'a CudaSlice<u8>,
+    n_first: usize,
+    mat_bytes: u64,
+    slots: Option<&'a CudaSlice<u32>>,
+    n_mats: usize,
+    x: &'a Q8Vec,
+    x_stride: usize,
+    rows: usize,
+    cols: usize,
+}
+
+fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
+    ensure!(
+        a.layout.ty == GgmlType::IQ2_XXS,
+        "int8-activation GEMV exists for IQ2_XXS only, not {:?}",
+        a.layout.ty
+    );
+    ensure!(a.x_stride.is_multiple_of(32), "gemv_q8: x_stride % 32");
+    let nb = a.layout.blocks_per_row(a.cols)?;
+    ensure!(
+        (1..=65535).contains(&a.n_mats),
+        "gemv: {} matrices",
+        a.n_mats
+    );
+    ensure!((1..=i32::MAX as usize).contains(&a.rows) && nb <= i32::MAX as usize / 4);
+    let f = gpu.func(&q8_kernel_name(a.nr)?)?;
+    let rows_per_block = GEMV_WARPS * a.nr * (32 / iq2_q8_lanes_per_row(nb));
+    let cfg = LaunchConfig {
+        grid_dim: ((a.rows as u32).div_ceil(rows_per_block), a.n_mats as u32, 1),
+        block_dim: (GEMV_WARPS * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (rows_i, nb_i, xs, nf) = (
+        a.rows as i32,
+        nb as i32,
+        a.x_stride as i64,
+        a.n_first as i32,
+    );
+    let null: u64 = 0;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(a.w0).arg(a.w1).arg(&nf).arg(&a.mat_bytes);
+    match a.slots {
+        Some(s) => b.arg(s),
+        None => b.arg(&null),
+    };
+    b.arg(&a.x.q)
+        .arg(&a.x.d)
+        .arg(&xs)
+        .arg(y)
+        .arg(&rows_i)
+        .arg(&nb_i);
+    // SAFETY: the argument list matches gemv_iq2_xxs_q8.cu (u8*, u8*, i32,
+    // u64, u32* or null, i8*, f32*, i64, f32*, i32, i32). w0 holds the
+    // first n_first matrices (or slots), w1 the rest, each of `mat_bytes` >=
+    // rows*nb*66 bytes in the IQ2_XXS device layout; the Q8Vec holds
+    // (n-1)*x_stride + cols values and their scales, y n_mats*rows floats
+    // (checked by the callers); one stream orders everything.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
 fn launch(
     gpu: &Gpu,
     layout: &DeviceLayout,
-    nr: u32,
+    v: Variant,
     w: &CudaSlice<u8>,
     mat_bytes: u64,
     slots: Option<&CudaSlice<u32>>,
@@ -178,8 +443,8 @@ fn launch(
     let nb = layout.blocks_per_row(cols)?;
     ensure!((1..=65535).contains(&n_mats), "gemv: {n_mats} matrices");
     ensure!((1..=i32::MAX as usize).contains(&rows) && nb <= i32::MAX as usize);
-    let f = gpu.func(&kernel_name(layout.ty, nr)?)?;
-    let rows_per_block = GEMV_WARPS * nr;
+    let f = gpu.func(&kernel_name(layout.ty, v)?)?;
+    let rows_per_block = GEMV_WARPS * v.nr;
     let cfg = LaunchConfig {
         grid_dim: ((rows as u32).div_ceil(rows_per_block), n_mats as u32, 1),
         block_dim: (GEMV_WARPS * 32, 1, 1),

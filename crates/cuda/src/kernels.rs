@@ -31,26 +31,55 @@ const HEADERS: &[(&str, &str)] = &[
     ("iq_tables.cuh", kernel_dir!("iq_tables.cuh")),
 ];
 
+/// The f32-activation GEMV kernels of one family (`GEMV_KERNELS` in
+/// `gemv_common.cuh`): rows per warp 1, 2, 4, one or two chunks per step.
+macro_rules! gemv_f32_names {
+    ($p:literal) => {
+        &[
+            concat!($p, "_r1"),
+            concat!($p, "_r2"),
+            concat!($p, "_r4"),
+            concat!($p, "_r1x2"),
+            concat!($p, "_r2x2"),
+            concat!($p, "_r4x2"),
+        ]
+    };
+}
+
 pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "gemv_q4k.cu",
         source: kernel_dir!("gemv_q4k.cu"),
-        kernels: &["gemv_q4_k_r1", "gemv_q4_k_r2", "gemv_q4_k_r4"],
+        kernels: gemv_f32_names!("gemv_q4_k"),
     },
     KernelFile {
         name: "gemv_q6k.cu",
         source: kernel_dir!("gemv_q6k.cu"),
-        kernels: &["gemv_q6_k_r1", "gemv_q6_k_r2", "gemv_q6_k_r4"],
+        kernels: gemv_f32_names!("gemv_q6_k"),
     },
     KernelFile {
         name: "gemv_iq2_xxs.cu",
         source: kernel_dir!("gemv_iq2_xxs.cu"),
-        kernels: &["gemv_iq2_xxs_r1", "gemv_iq2_xxs_r2", "gemv_iq2_xxs_r4"],
+        kernels: gemv_f32_names!("gemv_iq2_xxs"),
     },
     KernelFile {
         name: "gemv_q8_0.cu",
         source: kernel_dir!("gemv_q8_0.cu"),
-        kernels: &["gemv_q8_0_r1", "gemv_q8_0_r2", "gemv_q8_0_r4"],
+        kernels: gemv_f32_names!("gemv_q8_0"),
+    },
+    KernelFile {
+        name: "quantize_q8.cu",
+        source: kernel_dir!("quantize_q8.cu"),
+        kernels: &["quantize_q8_32"],
+    },
+    KernelFile {
+        name: "gemv_iq2_xxs_q8.cu",
+        source: kernel_dir!("gemv_iq2_xxs_q8.cu"),
+        kernels: &[
+            "gemv_iq2_xxs_q8_r1",
+            "gemv_iq2_xxs_q8_r2",
+            "gemv_iq2_xxs_q8_r4",
+        ],
     },
 ];
 
@@ -131,8 +160,11 @@ mod tests {
             assert!(!src.contains("#include"), "{}", f.name);
             assert!(src.contains("__device__ __forceinline__ float h2f"));
             for k in f.kernels {
-                let prefix = k.rsplit_once("_r").unwrap().0;
-                assert!(src.contains(&format!("GEMV_KERNELS({prefix},")), "{k}");
+                let prefix = k.rsplit_once("_r").map_or(*k, |p| p.0);
+                assert!(
+                    src.contains(&format!("GEMV_KERNELS({prefix},")) || src.contains(k),
+                    "{k}"
+                );
             }
         }
         assert!(expand("#include \"nope.cuh\"").is_err());

@@ -41,11 +41,12 @@ pub fn selftest_cli() -> anyhow::Result<()> {
 }
 
 /// `redlite bench kernels`: copy bandwidth, then every GEMV kernel and
-/// shape at 1, 2 and 4 rows per warp.
+/// shape at 1, 2 and 4 rows per warp, one or two chunks per step, and the
+/// int8-activation IQ2_XXS kernels.
 pub fn bench_cli() -> anyhow::Result<()> {
     let gpu = Gpu::new(0)?;
     let copy = bench::copy_bandwidth(&gpu)?;
-    let rows = bench::run(&gpu, &[1, 2, 4])?;
+    let rows = bench::run(&gpu, &gemv::Variant::ALL)?;
     bench::print(&gpu, copy, &rows);
     Ok(())
 }

@@ -2,13 +2,20 @@
 //! fresh random inputs at several sizes, outputs poisoned with NaN first.
 
 use crate::device::Gpu;
-use crate::gemv::{kernel_name, DeviceMatrix, ExpertStack};
+use crate::gemv::{kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Vec, Variant};
 use crate::layout::{layout, GEMV_TYPES};
-use crate::testdata::{random_vec, random_weights, reference_gemv, Rng};
+use crate::testdata::{
+    quantize_q8_32, random_vec, random_weights, reference_gemv, reference_gemv_f64, Rng,
+};
 use anyhow::Result;
+use cudarc::driver::CudaSlice;
+use redlite_gguf::GgmlType;
 
 /// Gate: max|gpu - ref| / max|ref| over one case.
 pub const REL_TOL: f64 = 1e-4;
+/// Gate of the int8-activation kernels against the pure-f32 reference
+/// (x not quantized): int8 x costs ~0.1-0.5% of max|y| on random data.
+pub const Q8_VS_F32_TOL: f64 = 2e-2;
 
 /// One kernel's worst case over all its sizes.
 #[derive(Debug, Clone)]
@@ -18,11 +25,28 @@ pub struct Worst {
     pub max_abs: f64,
     pub max_rel: f64,
     pub all_written: bool,
+    /// Gate on `max_rel`.
+    pub tol: f64,
+    /// Int8 kernels: worst rel err against the f64 reference with the
+    /// unquantized f32 x (the selftest's main reference uses x as the
+    /// device quantized it).
+    pub vs_f32: Option<f64>,
 }
 
 impl Worst {
+    fn new(kernel: String) -> Self {
+        Self {
+            kernel,
+            cases: 0,
+            max_abs: 0.0,
+            max_rel: 0.0,
+            all_written: true,
+            tol: REL_TOL,
+            vs_f32: None,
+        }
+    }
     pub fn ok(&self) -> bool {
-        self.all_written && self.max_rel < REL_TOL
+        self.all_written && self.max_rel < self.tol && self.vs_f32.is_none_or(|v| v < Q8_VS_F32_TOL)
     }
 }
 
@@ -71,14 +95,8 @@ pub fn run(gpu: &Gpu, seed: u64) -> Result<Vec<Worst>> {
     let mut out = Vec::new();
     for ty in GEMV_TYPES {
         let l = layout(ty)?;
-        for nr in [1u32, 2, 4] {
-            let mut worst = Worst {
-                kernel: kernel_name(ty, nr)?,
-                cases: 0,
-                max_abs: 0.0,
-                max_rel: 0.0,
-                all_written: true,
-            };
+        for nr in Variant::ALL {
+            let mut worst = Worst::new(kernel_name(ty, nr)?);
             for (rows, cols) in sizes(l.qk) {
                 let w = random_weights(&l, rows, cols, &mut rng);
                 let x = random_vec(cols, &mut rng);
@@ -121,7 +139,129 @@ pub fn run(gpu: &Gpu, seed: u64) -> Result<Vec<Worst>> {
             out.push(worst);
         }
     }
+    run_q8(gpu, &mut rng, &mut out)?;
     Ok(out)
+}
+
+/// Quantize `x` on the device; returns the Q8Vec and x as the device
+/// quantized it (q * d, exact in f64), after checking q and d against
+/// [`quantize_q8_32`] (d equal, q within 1) into `qw`.
+fn device_q8(gpu: &Gpu, x: &[f32], qw: &mut Worst) -> Result<(Q8Vec, Vec<f64>)> {
+    let xd = gpu.stream.clone_htod(x)?;
+    let mut v = Q8Vec::new(gpu, x.len())?;
+    v.quantize(gpu, &xd)?;
+    gpu.sync()?;
+    let q = gpu.stream.clone_dtoh(&v.q)?;
+    let d = gpu.stream.clone_dtoh(&v.d)?;
+    let (cq, cd) = quantize_q8_32(x);
+    let dq = q
+        .iter()
+        .zip(&cq)
+        .map(|(&a, &b)| (a as i32 - b as i32).abs())
+        .max()
+        .unwrap_or(0);
+    let dd = d
+        .iter()
+        .zip(&cd)
+        .map(|(&a, &b)| ((a - b) as f64).abs() / (b as f64).max(1e-30))
+        .fold(0f64, f64::max);
+    qw.cases += 1;
+    qw.max_abs = qw.max_abs.max(dq as f64);
+    qw.max_rel = qw.max_rel.max(dd);
+    qw.all_written &= dq <= 1;
+    let xq = q
+        .iter()
+        .enumerate()
+        .map(|(i, &qi)| qi as f64 * d[i / 32] as f64)
+        .collect();
+    Ok((v, xq))
+}
+
+/// The int8-activation IQ2_XXS kernels: plain, routed experts (shared and
+/// per-expert x) and gate+up fused, against the f64 reference on the
+/// device-quantized x (gate REL_TOL) and on the f32 x (Q8_VS_F32_TOL).
+fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
+    let ty = GgmlType::IQ2_XXS;
+    let l = layout(ty)?;
+    // quantize_q8_32: max_abs = worst |q_gpu - q_cpu| (<= 1 allowed:
+    // round-half ties), max_rel = worst relative difference of d.
+    let mut qw = Worst::new("quantize_q8_32".into());
+    qw.tol = 1e-6;
+    let fold2 = |w: &mut Worst, y: &[f32], want_q: &[f64], want_f: &[f64]| {
+        fold(w, compare(y, want_q));
+        let r = compare(y, want_f).1;
+        w.vs_f32 = Some(w.vs_f32.unwrap_or(0.0).max(r));
+    };
+    for nr in [1u32, 2, 4] {
+        let mut worst = Worst::new(q8_kernel_name(nr)?);
+        worst.vs_f32 = Some(0.0);
+        let mut sz = sizes(l.qk);
+        sz.push((100, 768)); // 12 chunks per row: a partial second step
+        for (rows, cols) in sz {
+            let w = random_weights(&l, rows, cols, rng);
+            let x = random_vec(cols, rng);
+            let (xq, xqf) = device_q8(gpu, &x, &mut qw)?;
+            let want_q = reference_gemv_f64(ty, &w, rows, cols, &xqf);
+            let want_f = reference_gemv(ty, &w, rows, cols, &x);
+            let m = DeviceMatrix::upload(gpu, ty, rows, cols, &w)?;
+            let mut yd = gpu.stream.clone_htod(&vec![f32::NAN; rows])?;
+            m.gemv_q8(gpu, &xq, &mut yd, nr)?;
+            gpu.sync()?;
+            fold2(&mut worst, &gpu.stream.clone_dtoh(&yd)?, &want_q, &want_f);
+        }
+        // Routed experts (12 slots, 5 routed, one twice) for gate/up
+        // (512 columns: 8 lanes per row) and down-like shapes.
+        for (rows, cols) in [(96, 512), (40, 2048)] {
+            let n_slots = 12;
+            let mut gate = ExpertStack::new(gpu, ty, rows, cols, n_slots)?;
+            let mut up = ExpertStack::new(gpu, ty, rows, cols, n_slots)?;
+            let (mut hg, mut hu) = (Vec::new(), Vec::new());
+            for s in 0..n_slots {
+                let w = random_weights(&l, rows, cols, rng);
+                gate.upload(gpu, s, &w)?;
+                hg.push(w);
+                let w = random_weights(&l, rows, cols, rng);
+                up.upload(gpu, s, &w)?;
+                hu.push(w);
+            }
+            let routed: Vec<u32> = vec![11, 0, 5, 5, 7];
+            let n = routed.len();
+            let sd = gpu.stream.clone_htod(&routed)?;
+            for per_expert_x in [false, true] {
+                let x_stride = if per_expert_x { cols } else { 0 };
+                let x = random_vec(cols * n, rng);
+                let (xq, xqf) = device_q8(gpu, &x, &mut qw)?;
+                let mut yd: CudaSlice<f32> = gpu.stream.clone_htod(&vec![f32::NAN; rows * n])?;
+                gate.gemv_q8(gpu, &sd, n, &xq, x_stride, &mut yd, nr)?;
+                gpu.sync()?;
+                let y = gpu.stream.clone_dtoh(&yd)?;
+                for (i, &s) in routed.iter().enumerate() {
+                    let w = &hg[s as usize];
+                    let wq = reference_gemv_f64(ty, w, rows, cols, &xqf[i * x_stride..][..cols]);
+                    let wf = reference_gemv(ty, w, rows, cols, &x[i * x_stride..][..cols]);
+                    fold2(&mut worst, &y[i * rows..][..rows], &wq, &wf);
+                }
+            }
+            // gate + up in one launch, shared x.
+            let x = random_vec(cols, rng);
+            let (xq, xqf) = device_q8(gpu, &x, &mut qw)?;
+            let mut yd: CudaSlice<f32> = gpu.stream.clone_htod(&vec![f32::NAN; 2 * rows * n])?;
+            ExpertStack::gemv_gate_up_q8(&gate, &up, gpu, &sd, n, &xq, &mut yd, nr)?;
+            gpu.sync()?;
+            let y = gpu.stream.clone_dtoh(&yd)?;
+            for (i, &s) in routed.iter().enumerate() {
+                for (k, host) in [&hg, &hu].into_iter().enumerate() {
+                    let w = &host[s as usize];
+                    let wq = reference_gemv_f64(ty, w, rows, cols, &xqf);
+                    let wf = reference_gemv(ty, w, rows, cols, &x);
+                    fold2(&mut worst, &y[(k * n + i) * rows..][..rows], &wq, &wf);
+                }
+            }
+        }
+        out.push(worst);
+    }
+    out.push(qw);
+    Ok(())
 }
 
 /// Print the table; returns whether every kernel passed.
@@ -130,17 +270,21 @@ pub fn print(gpu: &Gpu, rows: &[Worst]) -> bool {
         "# redlite selftest on {} (NVRTC + load {:.2} s)",
         gpu.name, gpu.compile_s
     );
-    println!("| kernel | cases | worst abs err | worst rel err | verdict |");
-    println!("|---|---:|---:|---:|---|");
+    println!(
+        "| kernel | cases | worst abs err | worst rel err | gate | rel err vs f32 x | verdict |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---|");
     let mut all = true;
     for w in rows {
         all &= w.ok();
         println!(
-            "| {} | {} | {:.3e} | {:.3e} | {} |",
+            "| {} | {} | {:.3e} | {:.3e} | {:.0e} | {} | {} |",
             w.kernel,
             w.cases,
             w.max_abs,
             w.max_rel,
+            w.tol,
+            w.vs_f32.map_or("-".to_string(), |v| format!("{v:.3e}")),
             if !w.all_written {
                 "FAIL (unwritten/NaN output)"
             } else if w.ok() {
@@ -151,7 +295,7 @@ pub fn print(gpu: &Gpu, rows: &[Worst]) -> bool {
         );
     }
     println!(
-        "rel err = max|gpu - f64 ref| / max|ref| per case (gate {REL_TOL:e}); cases include 2 routed-expert launches (slots, shared and per-expert x)"
+        "rel err = max|gpu - f64 ref| / max|ref| per case; cases include routed-expert launches (slots, shared and per-expert x). gemv_iq2_xxs_q8_*: ref on x as quantized by quantize_q8_32 (gate {REL_TOL:e}), and on the f32 x (gate {Q8_VS_F32_TOL:e}); quantize_q8_32: abs = worst |q - q_cpu| (<= 1), rel = worst d difference"
     );
     all
 }

@@ -76,6 +76,41 @@ pub fn reference_gemv(ty: GgmlType, gguf: &[u8], rows: usize, cols: usize, x: &[
         .collect()
 }
 
+/// [`reference_gemv`] with an f64 activation vector (the int8 kernels'
+/// reference: x as the device quantized it, q * d exactly).
+pub fn reference_gemv_f64(
+    ty: GgmlType,
+    gguf: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f64],
+) -> Vec<f64> {
+    let row_bytes = gguf.len() / rows;
+    let mut w = vec![0f32; cols];
+    (0..rows)
+        .map(|r| {
+            redlite_quant::dequantize(ty, &gguf[r * row_bytes..][..row_bytes], &mut w)
+                .expect("whole blocks");
+            w.iter().zip(x).map(|(&a, &b)| a as f64 * b).sum()
+        })
+        .collect()
+}
+
+/// The CPU model of `quantize_q8_32`: per 32 values d = max|x| / 127,
+/// q = round(x * 127 / max|x|) (the device rounds half to even; a tie may
+/// differ by one).
+pub fn quantize_q8_32(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    let mut q = Vec::with_capacity(x.len());
+    let mut d = Vec::with_capacity(x.len() / 32);
+    for b in x.chunks_exact(32) {
+        let a = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if a > 0.0 { 127.0 / a } else { 0.0 };
+        q.extend(b.iter().map(|&v| (v * id).round_ties_even() as i8));
+        d.push(a / 127.0);
+    }
+    (q, d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
