@@ -133,7 +133,7 @@ pub fn f32_view(bytes: &[u8]) -> Option<&[f32]> {
 
 /// Dot product of two f32 slices with eight independent accumulators (the
 /// compiler turns them into vector lanes).
-#[inline]
+#[inline(always)]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);

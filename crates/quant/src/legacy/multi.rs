@@ -403,34 +403,23 @@ pub(crate) mod avx2 {
                     _mm256_hadd_epi32(_mm256_hadd_epi32(c[0], c[1]), _mm256_hadd_epi32(c[2], c[3]))
                 }));
             }
-            for r in 0..nr {
-                let x = row(r);
-                let mut acc = _mm256_setzero_ps();
-                for i in 0..nb {
-                    let (q, dx) = decode(&x[i]);
-                    let ax = if OFF != 0 { q } else { _mm256_sign_epi8(q, q) };
-                    let p: [__m256i; 4] = core::array::from_fn(|t| {
-                        // SAFETY: `qs` is 32 readable bytes.
-                        let v = unsafe { load32(ys[t][i].qs.as_ptr().cast()) };
-                        let v = if OFF != 0 { v } else { _mm256_sign_epi8(v, q) };
-                        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, v), ones)
-                    });
-                    let mut h = _mm256_hadd_epi32(
-                        _mm256_hadd_epi32(p[0], p[1]),
-                        _mm256_hadd_epi32(p[2], p[3]),
-                    );
-                    if OFF != 0 {
-                        h = _mm256_sub_epi32(h, corr[i]);
-                    }
-                    let d =
-                        _mm256_mul_ps(_mm256_set1_ps(f16[u16::from_le_bytes(dx) as usize]), dyv[i]);
-                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(h), acc);
-                }
+            let store = |out: &mut [f32], r: usize, acc: __m256| {
                 let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
                 let mut v = [0f32; 4];
                 // SAFETY: `v` is 4 writable f32.
                 unsafe { _mm_storeu_ps(v.as_mut_ptr(), s) };
                 out[r * n + t0..r * n + t0 + 4].copy_from_slice(&v);
+            };
+            let mut r = 0;
+            while r + 2 <= nr {
+                let acc = row_group::<2, OFF, B, D>([row(r), row(r + 1)], &ys, &dyv, &corr, decode);
+                store(out, r, acc[0]);
+                store(out, r + 1, acc[1]);
+                r += 2;
+            }
+            if r < nr {
+                let [acc] = row_group::<1, OFF, B, D>([row(r)], &ys, &dyv, &corr, decode);
+                store(out, r, acc);
             }
             t0 += 4;
         }
@@ -442,6 +431,61 @@ pub(crate) mod avx2 {
                 out[r * n + t0..r * n + n].copy_from_slice(&tmp[..g]);
             }
         }
+    }
+
+    /// `R` rows (2 share each record load) against one 4-record group of
+    /// [`gemm`]: per row the 8-lane accumulator whose lanes `t` and `t + 4`
+    /// sum to record `t`'s dot.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn row_group<const R: usize, const OFF: i8, B, D>(
+        x: [&[B]; R],
+        ys: &[&[BlockQ80]; 4],
+        dyv: &[__m256],
+        corr: &[__m256i],
+        decode: D,
+    ) -> [__m256; R]
+    where
+        D: Fn(&B) -> (__m256i, [u8; 2]),
+    {
+        let f16 = crate::f16util::f16_table();
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for i in 0..dyv.len() {
+            let dec: [(__m256i, [u8; 2]); R] = core::array::from_fn(|r| decode(&x[r][i]));
+            let ax: [__m256i; R] = core::array::from_fn(|r| {
+                if OFF != 0 {
+                    dec[r].0
+                } else {
+                    _mm256_sign_epi8(dec[r].0, dec[r].0)
+                }
+            });
+            let mut p = [[_mm256_setzero_si256(); 4]; R];
+            for t in 0..4 {
+                // SAFETY: `qs` is 32 readable bytes.
+                let v = unsafe { load32(ys[t][i].qs.as_ptr().cast()) };
+                for r in 0..R {
+                    let vr = if OFF != 0 {
+                        v
+                    } else {
+                        _mm256_sign_epi8(v, dec[r].0)
+                    };
+                    p[r][t] = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[r], vr), ones);
+                }
+            }
+            for r in 0..R {
+                let mut h = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(p[r][0], p[r][1]),
+                    _mm256_hadd_epi32(p[r][2], p[r][3]),
+                );
+                if OFF != 0 {
+                    h = _mm256_sub_epi32(h, corr[i]);
+                }
+                let dx = _mm256_set1_ps(f16[u16::from_le_bytes(dec[r].1) as usize]);
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dyv[i]), _mm256_cvtepi32_ps(h), acc[r]);
+            }
+        }
+        acc
     }
 
     #[allow(clippy::too_many_arguments)]
