@@ -5,7 +5,9 @@
 //! on an H200) cannot hold them.
 
 use crate::device::Gpu;
-use crate::gemv::{kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Vec, Variant};
+use crate::gemv::{
+    kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
+};
 use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{random_vec, random_weights, Rng};
 use anyhow::Result;
@@ -172,9 +174,19 @@ pub fn run(gpu: &Gpu, nrs: &[Variant]) -> Result<Vec<BenchRow>> {
 /// beforehand, not timed with them), gate+up of 10 experts in one launch,
 /// and the quantization itself.
 fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<BenchRow>) -> Result<()> {
-    let ty = GgmlType::IQ2_XXS;
+    for ty in Q8_TYPES {
+        run_q8_type(gpu, ty, rng, out)?;
+    }
+    Ok(())
+}
+
+fn run_q8_type(gpu: &Gpu, ty: GgmlType, rng: &mut Rng, out: &mut Vec<BenchRow>) -> Result<()> {
     let l = layout(ty)?;
-    let nrs = [1u32, 2, 4];
+    let nrs: Vec<Q8Variant> = crate::selftest::q8_variants()
+        .into_iter()
+        .filter(|v| v.0 == ty)
+        .map(|v| v.1)
+        .collect();
     for &(name, rows, cols) in SHAPES {
         let w = random_weights(&l, rows, cols, rng);
         let copies = (ROTATE_BYTES / w.len()).clamp(1, 64);
@@ -190,14 +202,14 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<BenchRow>) -> Result<()> {
             let t = time(gpu, |i| mats[i % copies].gemv_q8(gpu, &xq, &mut y, nr))?;
             let bytes = mats[0].bytes();
             out.push(BenchRow {
-                kernel: q8_kernel_name(nr)?,
+                kernel: q8_kernel_name(ty, nr)?,
                 shape: name.to_string(),
                 bytes,
                 us: t * 1e6,
                 gbps: bytes as f64 / t / 1e9,
             });
         }
-        if cols == 2048 && rows == 8192 {
+        if cols == 2048 && rows == 8192 && ty == GgmlType::IQ2_XXS {
             let t = time(gpu, |_| xq.quantize(gpu, &x))?;
             out.push(BenchRow {
                 kernel: "quantize_q8_32".into(),
@@ -236,7 +248,7 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<BenchRow>) -> Result<()> {
     for &nr in &nrs {
         let mut push = |shape: &str, bytes: usize, t: f64| -> Result<()> {
             out.push(BenchRow {
-                kernel: q8_kernel_name(nr)?,
+                kernel: q8_kernel_name(ty, nr)?,
                 shape: shape.to_string(),
                 bytes,
                 us: t * 1e6,

@@ -55,17 +55,54 @@ pub fn kernel_name(ty: GgmlType, v: impl Into<Variant>) -> Result<String> {
     Ok(format!("gemv_{tag}_r{nr}{}", if x2 { "x2" } else { "" }))
 }
 
-/// Name of the int8-activation IQ2_XXS kernel with `nr` rows per lane group.
-pub fn q8_kernel_name(nr: u32) -> Result<String> {
-    ensure!(matches!(nr, 1 | 2 | 4), "rows per warp must be 1, 2 or 4");
-    Ok(format!("gemv_iq2_xxs_q8_r{nr}"))
+/// The formats with int8-activation kernels (`kernels/gemv_q8act.cu`).
+pub const Q8_TYPES: [GgmlType; 3] = [GgmlType::IQ2_XXS, GgmlType::Q8_0, GgmlType::Q4_K];
+
+/// One configuration of the int8-activation kernels: `nr` rows per lane
+/// group; `smem_grid`: IQ2_XXS grid looked up in shared memory (`_q8s`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Q8Variant {
+    pub nr: u32,
+    pub smem_grid: bool,
 }
 
-/// Lanes serving one row in `gemv_iq2_xxs_q8` (`iq2_lanes_per_row` there):
-/// the largest power of two <= the row's 16-byte chunks (4 per block), at
-/// most 32.
-pub fn iq2_q8_lanes_per_row(nb: usize) -> u32 {
-    match nb * 4 {
+impl From<u32> for Q8Variant {
+    fn from(nr: u32) -> Self {
+        Self {
+            nr,
+            smem_grid: false,
+        }
+    }
+}
+
+/// Name of the int8-activation kernel for `ty` in configuration `v`.
+pub fn q8_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
+    let Q8Variant { nr, smem_grid } = v.into();
+    ensure!(matches!(nr, 1 | 2 | 4), "rows per warp must be 1, 2 or 4");
+    match ty {
+        GgmlType::IQ2_XXS => Ok(format!(
+            "gemv_iq2_xxs_q8{}_r{nr}",
+            if smem_grid { "s" } else { "" }
+        )),
+        GgmlType::Q8_0 if !smem_grid => Ok(format!("gemv_q8_0_q8_r{nr}")),
+        GgmlType::Q4_K if !smem_grid => Ok(format!("gemv_q4_k_q8_r{nr}")),
+        other => bail!("no int8-activation kernel for {other:?} (smem_grid {smem_grid})"),
+    }
+}
+
+/// Lane chunks per block of the int8-activation kernels (`T::CPB`).
+fn q8_chunks_per_block(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::IQ2_XXS => 4,
+        GgmlType::Q4_K => 8,
+        _ => 1,
+    }
+}
+
+/// Lanes serving one row in `gemv_q8act.cu` (`q8_lanes_per_row` there):
+/// the largest power of two <= the row's lane chunks, in 4..=32.
+pub fn q8_lanes_per_row(nch: usize) -> u32 {
+    match nch {
         n if n >= 32 => 32,
         n if n >= 16 => 16,
         n if n >= 8 => 8,
@@ -168,9 +205,15 @@ impl DeviceMatrix {
         )
     }
 
-    /// `y = W x` with int8 activations (IQ2_XXS only; `x` quantized by
+    /// `y = W x` with int8 activations (IQ2_XXS, Q8_0, Q4_K; `x` quantized by
     /// [`Q8Vec::quantize`], `x.n >= cols`).
-    pub fn gemv_q8(&self, gpu: &Gpu, x: &Q8Vec, y: &mut CudaSlice<f32>, nr: u32) -> Result<()> {
+    pub fn gemv_q8(
+        &self,
+        gpu: &Gpu,
+        x: &Q8Vec,
+        y: &mut CudaSlice<f32>,
+        nr: impl Into<Q8Variant>,
+    ) -> Result<()> {
         ensure!(
             x.n >= self.cols && y.len() >= self.rows,
             "gemv_q8: short x or y"
@@ -179,7 +222,7 @@ impl DeviceMatrix {
             gpu,
             Q8Launch {
                 layout: &self.layout,
-                nr,
+                v: nr.into(),
                 w0: &self.buf,
                 w1: &self.buf,
                 n_first: 1,
@@ -288,7 +331,7 @@ impl ExpertStack {
         x: &Q8Vec,
         x_stride: usize,
         y: &mut CudaSlice<f32>,
-        nr: u32,
+        nr: impl Into<Q8Variant>,
     ) -> Result<()> {
         ensure!(slots.len() >= n && n >= 1, "gemv_q8: {n} experts");
         ensure!(
@@ -300,7 +343,7 @@ impl ExpertStack {
             gpu,
             Q8Launch {
                 layout: &self.layout,
-                nr,
+                v: nr.into(),
                 w0: &self.buf,
                 w1: &self.buf,
                 n_first: n,
@@ -328,7 +371,7 @@ impl ExpertStack {
         n: usize,
         x: &Q8Vec,
         y: &mut CudaSlice<f32>,
-        nr: u32,
+        nr: impl Into<Q8Variant>,
     ) -> Result<()> {
         ensure!(
             gate.layout == up.layout
@@ -343,7 +386,7 @@ impl ExpertStack {
             gpu,
             Q8Launch {
                 layout: &gate.layout,
-                nr,
+                v: nr.into(),
                 w0: &gate.buf,
                 w1: &up.buf,
                 n_first: n,
@@ -362,7 +405,7 @@ impl ExpertStack {
 
 struct Q8Launch<'a> {
     layout: &'a DeviceLayout,
-    nr: u32,
+    v: Q8Variant,
     w0: &'a CudaSlice<u8>,
     w1: &'a CudaSlice<u8>,
     n_first: usize,
@@ -376,11 +419,6 @@ struct Q8Launch<'a> {
 }
 
 fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
-    ensure!(
-        a.layout.ty == GgmlType::IQ2_XXS,
-        "int8-activation GEMV exists for IQ2_XXS only, not {:?}",
-        a.layout.ty
-    );
     ensure!(a.x_stride.is_multiple_of(32), "gemv_q8: x_stride % 32");
     let nb = a.layout.blocks_per_row(a.cols)?;
     ensure!(
@@ -389,8 +427,9 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
         a.n_mats
     );
     ensure!((1..=i32::MAX as usize).contains(&a.rows) && nb <= i32::MAX as usize / 4);
-    let f = gpu.func(&q8_kernel_name(a.nr)?)?;
-    let rows_per_block = GEMV_WARPS * a.nr * (32 / iq2_q8_lanes_per_row(nb));
+    let f = gpu.func(&q8_kernel_name(a.layout.ty, a.v)?)?;
+    let spr = q8_lanes_per_row(nb * q8_chunks_per_block(a.layout.ty));
+    let rows_per_block = GEMV_WARPS * a.v.nr * (32 / spr);
     let cfg = LaunchConfig {
         grid_dim: ((a.rows as u32).div_ceil(rows_per_block), a.n_mats as u32, 1),
         block_dim: (GEMV_WARPS * 32, 1, 1),
@@ -415,10 +454,11 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
         .arg(y)
         .arg(&rows_i)
         .arg(&nb_i);
-    // SAFETY: the argument list matches gemv_iq2_xxs_q8.cu (u8*, u8*, i32,
+    // SAFETY: the argument list matches gemv_q8act.cu (u8*, u8*, i32,
     // u64, u32* or null, i8*, f32*, i64, f32*, i32, i32). w0 holds the
     // first n_first matrices (or slots), w1 the rest, each of `mat_bytes` >=
-    // rows*nb*66 bytes in the IQ2_XXS device layout; the Q8Vec holds
+    // rows*nb*block bytes in the device layout of `a.layout` (a format
+    // with a q8 kernel, checked by q8_kernel_name); the Q8Vec holds
     // (n-1)*x_stride + cols values and their scales, y n_mats*rows floats
     // (checked by the callers); one stream orders everything.
     unsafe { b.launch(cfg) }?;

@@ -73,12 +73,21 @@ pub const FILES: &[KernelFile] = &[
         kernels: &["quantize_q8_32"],
     },
     KernelFile {
-        name: "gemv_iq2_xxs_q8.cu",
-        source: kernel_dir!("gemv_iq2_xxs_q8.cu"),
+        name: "gemv_q8act.cu",
+        source: kernel_dir!("gemv_q8act.cu"),
         kernels: &[
             "gemv_iq2_xxs_q8_r1",
             "gemv_iq2_xxs_q8_r2",
             "gemv_iq2_xxs_q8_r4",
+            "gemv_iq2_xxs_q8s_r1",
+            "gemv_iq2_xxs_q8s_r2",
+            "gemv_iq2_xxs_q8s_r4",
+            "gemv_q8_0_q8_r1",
+            "gemv_q8_0_q8_r2",
+            "gemv_q8_0_q8_r4",
+            "gemv_q4_k_q8_r1",
+            "gemv_q4_k_q8_r2",
+            "gemv_q4_k_q8_r4",
         ],
     },
 ];

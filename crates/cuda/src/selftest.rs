@@ -2,7 +2,9 @@
 //! fresh random inputs at several sizes, outputs poisoned with NaN first.
 
 use crate::device::Gpu;
-use crate::gemv::{kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Vec, Variant};
+use crate::gemv::{
+    kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
+};
 use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{
     quantize_q8_32, random_vec, random_weights, reference_gemv, reference_gemv_f64, Rng,
@@ -14,8 +16,11 @@ use redlite_gguf::GgmlType;
 /// Gate: max|gpu - ref| / max|ref| over one case.
 pub const REL_TOL: f64 = 1e-4;
 /// Gate of the int8-activation kernels against the pure-f32 reference
-/// (x not quantized): int8 x costs ~0.1-0.5% of max|y| on random data.
-pub const Q8_VS_F32_TOL: f64 = 2e-2;
+/// (x not quantized). A sanity gate (a wrong scale or sign gives ~1): int8
+/// x costs 0.6-1.9e-2 of max|y| at worst on the selftest's cases (H200,
+/// 2026-11-30; the worst are the 1-row cases, where max|y| is one value).
+/// Precision is gated by REL_TOL against the device-quantized x.
+pub const Q8_VS_F32_TOL: f64 = 5e-2;
 
 /// One kernel's worst case over all its sizes.
 #[derive(Debug, Clone)]
@@ -177,12 +182,26 @@ fn device_q8(gpu: &Gpu, x: &[f32], qw: &mut Worst) -> Result<(Q8Vec, Vec<f64>)> 
     Ok((v, xq))
 }
 
-/// The int8-activation IQ2_XXS kernels: plain, routed experts (shared and
+/// Every int8-activation kernel configuration.
+pub fn q8_variants() -> Vec<(GgmlType, Q8Variant)> {
+    let mut v = Vec::new();
+    for ty in Q8_TYPES {
+        for smem_grid in [false, true] {
+            if smem_grid && ty != GgmlType::IQ2_XXS {
+                continue;
+            }
+            for nr in [1, 2, 4] {
+                v.push((ty, Q8Variant { nr, smem_grid }));
+            }
+        }
+    }
+    v
+}
+
+/// The int8-activation kernels (IQ2_XXS, Q8_0): plain, routed experts (shared and
 /// per-expert x) and gate+up fused, against the f64 reference on the
 /// device-quantized x (gate REL_TOL) and on the f32 x (Q8_VS_F32_TOL).
 fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
-    let ty = GgmlType::IQ2_XXS;
-    let l = layout(ty)?;
     // quantize_q8_32: max_abs = worst |q_gpu - q_cpu| (<= 1 allowed:
     // round-half ties), max_rel = worst relative difference of d.
     let mut qw = Worst::new("quantize_q8_32".into());
@@ -192,8 +211,9 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
         let r = compare(y, want_f).1;
         w.vs_f32 = Some(w.vs_f32.unwrap_or(0.0).max(r));
     };
-    for nr in [1u32, 2, 4] {
-        let mut worst = Worst::new(q8_kernel_name(nr)?);
+    for (ty, nr) in q8_variants() {
+        let l = layout(ty)?;
+        let mut worst = Worst::new(q8_kernel_name(ty, nr)?);
         worst.vs_f32 = Some(0.0);
         let mut sz = sizes(l.qk);
         sz.push((100, 768)); // 12 chunks per row: a partial second step
@@ -295,7 +315,7 @@ pub fn print(gpu: &Gpu, rows: &[Worst]) -> bool {
         );
     }
     println!(
-        "rel err = max|gpu - f64 ref| / max|ref| per case; cases include routed-expert launches (slots, shared and per-expert x). gemv_iq2_xxs_q8_*: ref on x as quantized by quantize_q8_32 (gate {REL_TOL:e}), and on the f32 x (gate {Q8_VS_F32_TOL:e}); quantize_q8_32: abs = worst |q - q_cpu| (<= 1), rel = worst d difference"
+        "rel err = max|gpu - f64 ref| / max|ref| per case; cases include routed-expert launches (slots, shared and per-expert x). int8-activation kernels (*_q8*): ref on x as quantized by quantize_q8_32 (gate {REL_TOL:e}), and on the f32 x (gate {Q8_VS_F32_TOL:e}); quantize_q8_32: abs = worst |q - q_cpu| (<= 1), rel = worst d difference"
     );
     all
 }

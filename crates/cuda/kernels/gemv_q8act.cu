@@ -1,0 +1,282 @@
+// GEMV with int8 activations (quantize_q8.cu): IQ2_XXS and Q8_0 weights.
+// Q8_0 (`gemv_q8_0_q8_*`): a lane chunk is one block, 32 int8 weights (two
+// 16-byte loads) dotted with 32 int8 activations by 8 __dp4a, times
+// d_w * d_x; the work split below is shared (chunks of 32 values, 1 per
+// block). The f32-activation kernels spend most of their L1 traffic on x
+// (128 bytes of f32 per 32 values, against 32 of int8 here).
+//
+// IQ2_XXS (`gemv_iq2_xxs_q8*`). Weight layout
+// as gemv_iq2_xxs.cu: payload qs[64] per block (8 groups of 8 bytes: four
+// grid indices, then `aux` = four 7-bit sign codes and the 4-bit scale s),
+// f16 d in the scale array. Value = d * (2s+1)/8 * grid * sign.
+//
+// Integer dot per 32-value group: the 4 grid entries (8 magnitudes each,
+// all < 64) get their signs (8 sign bits -> byte masks m; a byte g becomes
+// (g ^ m) + (m & 1), i.e. -g where m = 0xff: no borrow crosses bytes since
+// grid magnitudes are never 0) and go through 8 __dp4a with the group's 32
+// int8 activations; the group's float factor d_w * d_x * (2s+1) is applied
+// once to the exact integer sum.
+//
+// Work split: a lane chunk is 2 groups = 16 payload bytes (one 128-bit
+// load) and 64 activations (four 128-bit loads + one float2). A row of nb
+// blocks has 4*nb chunks, laid out contiguously, so the lanes of a row read
+// consecutive 16-byte pieces. `spr` lanes serve one row (spr = the largest
+// power of two <= 4*nb, at most 32): narrow rows (experts' down, 512
+// columns = 8 chunks) put 32/spr row groups in one warp instead of leaving
+// lanes idle. Each lane owns NR rows (x loaded once for them) and walks its
+// chunks two at a time: the weight, scale and activation loads of both
+// chunks are issued before the math of either (2 x NR 16-byte weight loads
+// in flight per lane).
+//
+// Launch: grid (ceil(rows / (GEMV_WARPS * NR * 32/spr)), n_mats), block
+// GEMV_WARPS*32. Matrix m < n_first reads w0, the others w1 (gate and up of
+// the routed experts in one launch); mi = m or m - n_first picks the slot
+// slots[mi] (or mi without slots) and the activation vector mi*x_stride;
+// y + m*rows is written.
+#define WANT_IQ2XXS_GRID
+#include "gemv_common.cuh"
+#include "iq_tables.cuh"
+
+// Byte masks of 4 sign bits: bit k -> byte k = 1 (t) ; 0xff (t * 0xff).
+__device__ __forceinline__ int iq2_signed(u32 g, u32 bits4) {
+    const u32 t = (bits4 * 0x00204081u) & 0x01010101u;
+    return (int)((g ^ (t * 0xffu)) + t);
+}
+
+// Integer dot of one 32-value group (grid bytes `gx`, aux) with 8 words
+// of int8 activations; grid entries from `grid` (shared memory when SG).
+template <bool SG>
+__device__ __forceinline__ int iq2_group(u32 gx, u32 aux, const int* xw, const uint2* grid) {
+    int s = 0;
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        const u32 idx = (gx >> (8 * l)) & 0xff;
+        const uint2 gr = SG ? grid[idx] : __ldg(grid + idx);
+        const u32 code = (aux >> (7 * l)) & 127u;
+        const u32 signs = code | ((__popc(code) & 1u) << 7);
+        s = __dp4a(iq2_signed(gr.x, signs & 15u), xw[2 * l], s);
+        s = __dp4a(iq2_signed(gr.y, signs >> 4), xw[2 * l + 1], s);
+    }
+    return s;
+}
+
+// A lane chunk of N 16-byte weight pieces.
+template <int N>
+struct WChunk {
+    uint4 v[N];
+};
+
+// IQ2_XXS: a chunk is 2 groups (16 weight bytes, 64 values); 4 per block.
+// Contiguous chunks: weight chunk c at rp + c*16*W16 (payloads are
+// back to back), its block's f16 d at dp[c / CPB]; activations 16*XV
+// bytes at c*16*XV and DX scales at c*DX.
+template <int CPB, int W16, int XV, int DX>
+struct Contig {
+    static __device__ __forceinline__ void load_w(const u8* rp, const u16* dp, int c,
+                                                  WChunk<W16>& w, u16& d) {
+#pragma unroll
+        for (int k = 0; k < W16; k++)
+            w.v[k] = __ldg(reinterpret_cast<const uint4*>(rp + (u64)c * 16 * W16) + k);
+        d = __ldg(dp + c / CPB);
+    }
+    static __device__ __forceinline__ void load_x(const int4* xp, const float* xd, int c, int4* x,
+                                                  float* dx) {
+#pragma unroll
+        for (int k = 0; k < XV; k++) x[k] = __ldg(xp + XV * c + k);
+#pragma unroll
+        for (int k = 0; k < DX; k++) dx[k] = __ldg(xd + DX * c + k);
+    }
+};
+
+template <bool SG>
+struct Iq2Q8 : Contig<4, 1, 4, 2> {
+    static constexpr int CPB = 4, PAYLOAD = 64, W16 = 1, XV = 4, DX = 2;
+    static __device__ __forceinline__ float dot(const WChunk<1>& wc, float dw, const int4* xq,
+                                                const float* dx, const uint2* grid, int) {
+        const uint4 w = wc.v[0];
+        const int x0[8] = {xq[0].x, xq[0].y, xq[0].z, xq[0].w, xq[1].x, xq[1].y, xq[1].z, xq[1].w};
+        const int x1[8] = {xq[2].x, xq[2].y, xq[2].z, xq[2].w, xq[3].x, xq[3].y, xq[3].z, xq[3].w};
+        const int s0 = iq2_group<SG>(w.x, w.y, x0, grid) * (int)(2u * (w.y >> 28) + 1u);
+        const int s1 = iq2_group<SG>(w.z, w.w, x1, grid) * (int)(2u * (w.w >> 28) + 1u);
+        return 0.125f * dw * ((float)s0 * dx[0] + (float)s1 * dx[1]);  // (2s+1)/8
+    }
+};
+
+// Q8_0: a chunk is one block (32 int8 weights, two 16-byte pieces).
+struct Q80Q8 : Contig<1, 2, 2, 1> {
+    static constexpr int CPB = 1, PAYLOAD = 32, W16 = 2, XV = 2, DX = 1;
+    static __device__ __forceinline__ float dot(const WChunk<2>& wc, float dw, const int4* xq,
+                                                const float* dx, const uint2*, int) {
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            s = __dp4a((int)wc.v[k].x, xq[k].x, s);
+            s = __dp4a((int)wc.v[k].y, xq[k].y, s);
+            s = __dp4a((int)wc.v[k].z, xq[k].z, s);
+            s = __dp4a((int)wc.v[k].w, xq[k].w, s);
+        }
+        return dw * dx[0] * (float)s;
+    }
+};
+
+// Q4_K (`gemv_q4_k_q8_*`): blocks kept whole (144 bytes: 16-byte header
+// d, dmin, packed scales; 128 bytes of nibbles). A chunk is the old f32
+// kernel's: pair p = sub/2, l0 = (sub%2)*16, 16 bytes of qs = 16 values of
+// sub-block 2p (low nibbles) and 16 of 2p+1 (high nibbles), 8 per block,
+// plus the block header (one 16-byte load shared by 8 lanes). Sub-block j
+// is activation block j, so per chunk: Σq·qx (4 dp4a each half) and Σqx
+// (dp4a with 0x01010101) give d·sc·dx·Σq·qx - dmin·m·dx·Σqx.
+__device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = byte_of(s0, j) & 63;
+        *mn = byte_of(s1, j) & 63;
+    } else {
+        const int k = j - 4;
+        *sc = (byte_of(s2, k) & 0x0f) | ((byte_of(s0, k) >> 6) << 4);
+        *mn = (byte_of(s2, k) >> 4) | ((byte_of(s1, k) >> 6) << 4);
+    }
+}
+
+struct Q4KQ8 {
+    static constexpr int CPB = 8, PAYLOAD = 144, W16 = 2, XV = 2, DX = 2;
+    static __device__ __forceinline__ void load_w(const u8* rp, const u16*, int c, WChunk<2>& w,
+                                                  u16& d) {
+        const u8* blk = rp + (u64)(c >> 3) * 144;
+        const int sub = c & 7;
+        w.v[0] = __ldg(reinterpret_cast<const uint4*>(blk + 16 + 32 * (sub >> 1) + 16 * (sub & 1)));
+        w.v[1] = __ldg(reinterpret_cast<const uint4*>(blk));
+        d = 0;
+    }
+    static __device__ __forceinline__ void load_x(const int4* xp, const float* xd, int c, int4* x,
+                                                  float* dx) {
+        // values 256b + 64p + l0 (sub-block 2p) and +32 (sub-block 2p+1)
+        const int b = c >> 3, sub = c & 7, p = sub >> 1, l0 = 16 * (sub & 1);
+        x[0] = __ldg(xp + (256 * b + 64 * p + l0) / 16);
+        x[1] = __ldg(xp + (256 * b + 64 * p + 32 + l0) / 16);
+        const float2 d = __ldg(reinterpret_cast<const float2*>(xd) + 4 * b + p);
+        dx[0] = d.x;
+        dx[1] = d.y;
+    }
+    static __device__ __forceinline__ float dot(const WChunk<2>& w, float, const int4* xq,
+                                                const float* dx, const uint2*, int c) {
+        const uint4 q = w.v[0], h = w.v[1];
+        const int p = (c & 7) >> 1;
+        const float d = h2f((u16)(h.x & 0xffff)), dmin = h2f((u16)(h.x >> 16));
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * p, h.y, h.z, h.w, &sc0, &m0);
+        scale_min_k4(2 * p + 1, h.y, h.z, h.w, &sc1, &m1);
+        const u32 qw[4] = {q.x, q.y, q.z, q.w};
+        const int xa[4] = {xq[0].x, xq[0].y, xq[0].z, xq[0].w};
+        const int xb[4] = {xq[1].x, xq[1].y, xq[1].z, xq[1].w};
+        int s0 = 0, s1 = 0, x0 = 0, x1 = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            s0 = __dp4a((int)(qw[k] & 0x0f0f0f0fu), xa[k], s0);
+            s1 = __dp4a((int)((qw[k] >> 4) & 0x0f0f0f0fu), xb[k], s1);
+            x0 = __dp4a(0x01010101, xa[k], x0);
+            x1 = __dp4a(0x01010101, xb[k], x1);
+        }
+        return d * (dx[0] * (float)(sc0 * s0) + dx[1] * (float)(sc1 * s1)) -
+               dmin * (dx[0] * (float)(m0 * x0) + dx[1] * (float)(m1 * x1));
+    }
+};
+
+// Lanes per row: the largest power of two <= the row's chunks, in 4..32
+// (src/gemv.rs `q8_lanes_per_row`).
+__device__ __forceinline__ int q8_lanes_per_row(int nch) {
+    return nch >= 32 ? 32 : nch >= 16 ? 16 : nch >= 8 ? 8 : 4;
+}
+
+template <class T, int NR, bool SG>
+__device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                                             int n_first, u64 mat_bytes,
+                                             const u32* __restrict__ slots,
+                                             const signed char* __restrict__ xq,
+                                             const float* __restrict__ xd, long long x_stride,
+                                             float* __restrict__ y, int rows, int nb) {
+    constexpr int XV = T::XV, DX = T::DX;
+    __shared__ uint2 sgrid[SG ? 256 : 1];
+    const uint2* grid = reinterpret_cast<const uint2*>(iq2xxs_grid);
+    if (SG) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) sgrid[i] = __ldg(grid + i);
+        __syncthreads();
+        grid = sgrid;
+    }
+    const int m = blockIdx.y;
+    const bool second = m >= n_first;
+    const int mi = second ? m - n_first : m;
+    const u8* base = (second ? w1 : w0) + (u64)(slots ? slots[mi] : (u32)mi) * mat_bytes;
+    const u16* dd = reinterpret_cast<const u16*>(base + (u64)rows * nb * T::PAYLOAD);
+    xq += (long long)mi * x_stride;
+    xd += (long long)mi * (x_stride / 32);
+    y += (u64)m * rows;
+    const int nch = nb * T::CPB;
+    const int spr = q8_lanes_per_row(nch);
+    const int lane = threadIdx.x & 31, cl = lane & (spr - 1);
+    const int warp_rows = NR * (32 / spr);
+    const int wrow0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * warp_rows;
+    if (wrow0 >= rows) return;  // warp-uniform, after the only barrier
+    const int row0 = wrow0 + (lane / spr) * NR;
+    float acc[NR];
+    const u8* rp[NR];
+    const u16* dp[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        acc[r] = 0.f;
+        const int row = min(row0 + r, rows - 1);
+        rp[r] = base + (u64)row * nb * T::PAYLOAD;
+        dp[r] = dd + (u64)row * nb;
+    }
+    const int4* xp = reinterpret_cast<const int4*>(xq);
+    for (int c = cl; c < nch; c += 2 * spr) {
+        const int c2 = c + spr;
+        const bool two = c2 < nch;
+        WChunk<T::W16> wa[NR], wb[NR];
+        u16 da[NR], db[NR];
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            T::load_w(rp[r], dp[r], c, wa[r], da[r]);
+            if (two) T::load_w(rp[r], dp[r], c2, wb[r], db[r]);
+        }
+        int4 xa[XV], xb[XV];
+        float dxa[DX], dxb[DX];
+        T::load_x(xp, xd, c, xa, dxa);
+        if (two) T::load_x(xp, xd, c2, xb, dxb);
+#pragma unroll
+        for (int r = 0; r < NR; r++) acc[r] += T::dot(wa[r], h2f(da[r]), xa, dxa, grid, c);
+        if (two) {
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[r] += T::dot(wb[r], h2f(db[r]), xb, dxb, grid, c2);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        float s = acc[r];
+        for (int o = spr >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (cl == 0 && row0 + r < rows) y[row0 + r] = s;
+    }
+}
+
+#define GEMV_Q8_KERNEL(NAME, T, NR, SG)                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                               \
+        NAME(const u8* __restrict__ w0, const u8* __restrict__ w1, int n_first, u64 mat_bytes,  \
+             const u32* __restrict__ slots, const signed char* __restrict__ xq,                 \
+             const float* __restrict__ xd, long long x_stride, float* __restrict__ y, int rows, \
+             int nb) {                                                                          \
+        gemv_q8_body<T, NR, SG>(w0, w1, n_first, mat_bytes, slots, xq, xd, x_stride, y, rows,  \
+                                nb);                                                            \
+    }
+
+// `_q8s`: the IQ2_XXS grid copied to shared memory per block.
+GEMV_Q8_KERNEL(gemv_iq2_xxs_q8_r1, Iq2Q8<false>, 1, false)
+GEMV_Q8_KERNEL(gemv_iq2_xxs_q8_r2, Iq2Q8<false>, 2, false)
+GEMV_Q8_KERNEL(gemv_iq2_xxs_q8_r4, Iq2Q8<false>, 4, false)
+GEMV_Q8_KERNEL(gemv_iq2_xxs_q8s_r1, Iq2Q8<true>, 1, true)
+GEMV_Q8_KERNEL(gemv_iq2_xxs_q8s_r2, Iq2Q8<true>, 2, true)
+GEMV_Q8_KERNEL(gemv_iq2_xxs_q8s_r4, Iq2Q8<true>, 4, true)
+GEMV_Q8_KERNEL(gemv_q8_0_q8_r1, Q80Q8, 1, false)
+GEMV_Q8_KERNEL(gemv_q8_0_q8_r2, Q80Q8, 2, false)
+GEMV_Q8_KERNEL(gemv_q8_0_q8_r4, Q80Q8, 4, false)
+GEMV_Q8_KERNEL(gemv_q4_k_q8_r1, Q4KQ8, 1, false)
+GEMV_Q8_KERNEL(gemv_q4_k_q8_r2, Q4KQ8, 2, false)
+GEMV_Q8_KERNEL(gemv_q4_k_q8_r4, Q4KQ8, 4, false)
