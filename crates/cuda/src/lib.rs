@@ -6,7 +6,11 @@
 //! - [`layout`]: how quantized matrices sit on the device (payloads 16-byte
 //!   aligned, f16 scales split out).
 //! - [`gemv`]: decode GEMV launches, one matrix or routed experts through
-//!   [`slots`] (the expert slot table).
+//!   [`slots`] (the expert slot table). Two activation paths: f32 x
+//!   (`DeviceMatrix::gemv`, every format) and int8 x (`Q8Vec::quantize`
+//!   once per vector, then `gemv_q8` for IQ2_XXS, Q8_0 and Q4_K, and
+//!   `ExpertStack::gemv_gate_up_q8`): 1.5-2.2x faster on the H200
+//!   (bench/RESULTS.md), r2 the best default.
 //! - [`selftest`] and [`bench`]: `redlite selftest`, `redlite bench kernels`.
 //!
 //! libcuda and libnvrtc are loaded at run time (cudarc `dynamic-loading`):
