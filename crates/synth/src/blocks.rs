@@ -99,6 +99,18 @@ pub fn fill_blocks(
     first_block: u64,
     out: &mut [u8],
 ) -> Result<(), SynthError> {
+    fill_blocks_with(ty, |_| d, key, first_block, out)
+}
+
+/// [`fill_blocks`] with the super-scale of block `b` given by `d(b)`
+/// (0 gives an all-zero block; the random fields are the same).
+pub fn fill_blocks_with(
+    ty: GgmlType,
+    d: impl Fn(u64) -> u16,
+    key: u64,
+    first_block: u64,
+    out: &mut [u8],
+) -> Result<(), SynthError> {
     if !TYPES.contains(&ty) {
         return Err(SynthError::NoGenerator(ty));
     }
@@ -110,8 +122,9 @@ pub fn fill_blocks(
         )));
     }
     for (i, b) in out.chunks_exact_mut(ts).enumerate() {
-        let mut rng = BlockRng::new(key, first_block + i as u64);
-        fill_block(ty, d, &mut rng, b);
+        let bi = first_block + i as u64;
+        let mut rng = BlockRng::new(key, bi);
+        fill_block(ty, d(bi), &mut rng, b);
     }
     Ok(())
 }

@@ -25,6 +25,16 @@
 //! initialisation of transformers' Qwen3-Next), so DeltaNet decays stay in
 //! (0, 1); `ssm_conv1d` is U(−0.5, 0.5); the head has std 3/√2048, giving
 //! logits with std ≈ 3. See docs/synth.md.
+//!
+//! Context subspace (why routing changes slowly from token to token):
+//! residual dims `0..n_embd/8` ([`Shapes::ctx_dim`]) are written only by the
+//! attention layers (`attn_output` rows there ×[`spec::stds::CTX_ATTN_GAIN`]
+//! /√(k+1) in the k-th attention layer;
+//! the embedding, `ssm_out` and the FFN down projections are zero there),
+//! `attn_q_norm` is small so attention is near uniform and its output a
+//! running mean over the context, and the routers weight those dims by
+//! [`ROUTER_CTX`]: from the first attention layer on, consecutive tokens
+//! share ~20–35% of their experts in the real forward.
 
 pub mod blocks;
 pub mod cli;
@@ -35,7 +45,7 @@ pub mod spec;
 mod write;
 
 pub use error::SynthError;
-pub use spec::{Init, Layout, Shapes, TensorSpec};
+pub use spec::{Ctx, Init, Layout, Shapes, TensorSpec};
 pub use write::{write, WriteOptions, WriteStats};
 
 use redlite_gguf::{GgmlType, GgufFile, Metadata, MetadataValue};
@@ -73,6 +83,11 @@ pub enum TokenizerSource {
 pub const ROUTER_GAIN: f64 = 2.0;
 /// See [`ROUTER_GAIN`].
 pub const ROUTER_ZIPF: f64 = 0.12;
+/// Router weights on the context subspace (dims `0..ctx_dim`): std
+/// `router_row_scale(rank) · ROUTER_CTX / √ctx_dim`, against
+/// `router_row_scale(rank) / √n_embd` elsewhere, so routing follows the
+/// slow context component written by the attention layers.
+pub const ROUTER_CTX: f64 = 2.5;
 
 pub fn router_row_scale(rank: u64) -> f64 {
     ROUTER_GAIN * (rank as f64).powf(-ROUTER_ZIPF)
@@ -88,6 +103,8 @@ pub struct Plan {
     pub tensors: Vec<TensorSpec>,
     /// f16 super-scale bits per tensor (quantized tensors only).
     scales: Vec<u16>,
+    /// Whether the context subspace is on (see [`Plan::without_context`]).
+    context: bool,
 }
 
 impl Plan {
@@ -152,7 +169,31 @@ impl Plan {
             metadata,
             tensors,
             scales,
+            context: true,
         })
+    }
+
+    /// The plan as it was before the context subspace (for before/after
+    /// measurements): every tensor [`Ctx::Full`], `attn_q_norm` U(0.9, 1.1),
+    /// routers without the context weights.
+    pub fn without_context(mut self) -> Plan {
+        self.context = false;
+        for t in &mut self.tensors {
+            t.ctx = Ctx::Full;
+            if t.name.ends_with("attn_q_norm.weight") {
+                t.init = Init::Uniform { lo: 0.9, hi: 1.1 };
+            }
+        }
+        self
+    }
+
+    /// Dims of the context subspace in this plan (0 when off).
+    pub fn ctx_dim(&self) -> u64 {
+        if self.context {
+            self.shapes.ctx_dim()
+        } else {
+            0
+        }
     }
 
     /// Total bytes of tensor data (without header and padding).
@@ -190,7 +231,31 @@ impl Plan {
         let key = tensor_key(self.seed, &t.name);
         match (t.ty, t.init) {
             (ty, Init::Random { .. }) if ty.is_quantized() => {
-                blocks::fill_blocks(ty, self.scales[idx], key, first_unit, out)
+                let ctx = self.ctx_dim();
+                let (row, bs) = (t.dims[0], ty.block_size() as u64);
+                let out_dim = t.dims.get(1).copied().unwrap_or(1);
+                let d = self.scales[idx];
+                let scale = |b: u64| -> u16 {
+                    match t.ctx {
+                        Ctx::Full => d,
+                        Ctx::ZeroCols => {
+                            if (b * bs) % row < ctx {
+                                0
+                            } else {
+                                d
+                            }
+                        }
+                        Ctx::RowGain(g) => {
+                            if ((b * bs) / row) % out_dim < ctx {
+                                let v = f64::from(redlite_quant::f16util::f16_to_f32(d)) * g;
+                                redlite_quant::f16util::f32_to_f16(v as f32)
+                            } else {
+                                d
+                            }
+                        }
+                    }
+                };
+                blocks::fill_blocks_with(ty, scale, key, first_unit, out)
             }
             (GgmlType::F32, init) => {
                 self.fill_f32(t, init, key, first_unit * F32_UNIT, out);
@@ -224,7 +289,13 @@ impl Plan {
                 Init::Router => {
                     let e = (j / row) as usize;
                     let rank = ranks.as_ref().map_or(1, |r| r[e.min(r.len() - 1)]);
-                    rng.normal() * router_row_scale(rank) / (row as f64).sqrt()
+                    let ctx = self.ctx_dim();
+                    let x = rng.normal() * router_row_scale(rank);
+                    if j % row < ctx {
+                        x * ROUTER_CTX / (ctx as f64).sqrt()
+                    } else {
+                        x / (row as f64).sqrt()
+                    }
                 }
             };
             o.copy_from_slice(&(v as f32).to_le_bytes());

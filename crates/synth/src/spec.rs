@@ -71,6 +71,18 @@ impl Shapes {
         self.n_k_heads * self.ssm_head
     }
 
+    /// Dims of the context subspace (residual dims `0..ctx_dim`): an
+    /// eighth of `n_embd` when that is a whole number of 256-blocks, else 0
+    /// (no context subspace, tiny test shapes).
+    pub fn ctx_dim(&self) -> u64 {
+        let c = self.n_embd / 8;
+        if c > 0 && c.is_multiple_of(256) {
+            c
+        } else {
+            0
+        }
+    }
+
     pub fn value_dim(&self) -> u64 {
         self.n_v_heads * self.ssm_head
     }
@@ -184,7 +196,8 @@ pub enum Init {
     DtBias,
     /// Router (`ffn_gate_inp`): row e (expert e) normal with std
     /// `router_row_scale(rank_e) / sqrt(n_embd)`, ranks a per-layer
-    /// permutation.
+    /// permutation; on the context dims (`0..ctx_dim`) std
+    /// `router_row_scale(rank_e) · ROUTER_CTX / sqrt(ctx_dim)`.
     Router,
 }
 
@@ -196,6 +209,24 @@ pub struct TensorSpec {
     pub dims: Vec<u64>,
     pub ty: GgmlType,
     pub init: Init,
+    /// How the tensor treats the context subspace of the residual
+    /// (quantized tensors only; see [`Ctx`]).
+    pub ctx: Ctx,
+}
+
+/// The context subspace: residual dims `0..Shapes::ctx_dim()`. Only the
+/// attention layers write there (their outputs are running means over the
+/// context, so slow); the routers read it strongly. See docs/synth.md.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Ctx {
+    /// Unchanged.
+    Full,
+    /// Rows are residual vectors (`token_embd`): the blocks holding the
+    /// context dims are zero.
+    ZeroCols,
+    /// Rows are residual output dims (`dims[1]`): rows in the context
+    /// subspace get their super-scale multiplied by this (0: zero rows).
+    RowGain(f64),
 }
 
 impl TensorSpec {
@@ -214,6 +245,12 @@ pub mod stds {
     pub const EMBD: f64 = 0.5;
     /// Output head: logits with std ~3 on a unit-RMS hidden state.
     pub const HEAD_GAIN: f64 = 3.0;
+    /// `attn_output` rows in the context subspace: std multiplied by this
+    /// over √(k+1) in the k-th attention layer (k = 0, 1, …).
+    pub const CTX_ATTN_GAIN: f64 = 8.0;
+    /// `attn_q_norm`: small, so attention is near uniform (logit std
+    /// ≈ 0.08) and its output a running mean over the context.
+    pub const Q_NORM: super::Init = super::Init::Uniform { lo: 0.05, hi: 0.1 };
 }
 
 /// All tensors of a file, in file order.
@@ -228,8 +265,10 @@ pub fn tensors(s: &Shapes, layout: Layout) -> Vec<TensorSpec> {
             dims: dims.to_vec(),
             ty,
             init,
+            ctx: Ctx::Full,
         })
     };
+
     let norm = Init::Uniform { lo: 0.9, hi: 1.1 };
     add(
         "token_embd.weight".into(),
@@ -311,7 +350,7 @@ pub fn tensors(s: &Shapes, layout: Layout) -> Vec<TensorSpec> {
                     std: inv(hd * s.n_head),
                 },
             );
-            add(b("attn_q_norm.weight"), &[hd], t.small, norm);
+            add(b("attn_q_norm.weight"), &[hd], t.small, stds::Q_NORM);
             add(b("attn_k_norm.weight"), &[hd], t.small, norm);
         }
         add(b("post_attention_norm.weight"), &[d], t.small, norm);
@@ -369,6 +408,33 @@ pub fn tensors(s: &Shapes, layout: Layout) -> Vec<TensorSpec> {
             std: stds::HEAD_GAIN * inv(d),
         },
     );
+    if s.ctx_dim() > 0 {
+        for t in &mut v {
+            let n = t.name.as_str();
+            t.ctx = if n == "token_embd.weight" {
+                Ctx::ZeroCols
+            } else if n.ends_with(".attn_output.weight") {
+                // The k-th attention layer (k = layer / 4): gain 8/√(k+1), so
+                // that the context part, which adds up coherently over the
+                // attention layers, keeps pace with the √(2·layers) residual.
+                let layer: f64 = n
+                    .trim_start_matches("blk.")
+                    .split('.')
+                    .next()
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(0.0);
+                let k = (layer / s.full_attention_interval as f64).floor();
+                Ctx::RowGain(stds::CTX_ATTN_GAIN / (k + 1.0).sqrt())
+            } else if n.ends_with(".ssm_out.weight")
+                || n.ends_with(".ffn_down_exps.weight")
+                || n.ends_with(".ffn_down_shexp.weight")
+            {
+                Ctx::RowGain(0.0)
+            } else {
+                Ctx::Full
+            };
+        }
+    }
     v
 }
 

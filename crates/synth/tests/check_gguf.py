@@ -66,6 +66,25 @@ for t in r.tensors:
     if t.tensor_type != gguf.GGMLQuantizationType.F32:
         fan_in = int(t.shape[0])
         want_std = {"token_embd.weight": 0.5, "output.weight": 3 / np.sqrt(2048)}.get(t.name, 1 / np.sqrt(fan_in))
+        # Context subspace (residual dims 0..256, docs/synth.md): zero in the
+        # embedding and in every residual writer but attn_output (x8/sqrt(k+1),
+        # k-th attention layer).
+        rows = y.reshape(-1, fan_in)
+        if t.name == "token_embd.weight":
+            assert (rows[:, :256] == 0).all(), t.name
+            y = rows[:, 256:].reshape(-1)
+        elif t.name.endswith(("ssm_out.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight", "attn_output.weight")):
+            in_ctx = (np.arange(rows.shape[0]) % int(t.shape[1])) < 256
+            if t.name.endswith("attn_output.weight"):
+                rows = rows.copy()
+                k = int(t.name.split(".")[1]) // 4
+                rows[in_ctx] /= 8.0 / np.sqrt(k + 1)
+            else:
+                assert (rows[in_ctx] == 0).all(), t.name
+                rows = rows[~in_ctx]
+            if rows.size == 0:
+                continue
+            y = rows.reshape(-1)
         assert abs(y.std() / want_std - 1) < 0.05, (t.name, y.std(), want_std)
         assert abs(y.mean()) < 0.05 * want_std, (t.name, y.mean())
 assert bad == 0
