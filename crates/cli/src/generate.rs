@@ -89,27 +89,18 @@ pub struct GenerateArgs {
     pub no_warmup: bool,
 }
 
-/// Touch every page of the tensor data so the first token is not timed on
-/// page faults, with a progress bar: the loading step of a mapped model.
-fn warm_pages(file: &GgufFile) {
-    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
-    let bar = ProgressBar::new(total);
+/// Touch every weight page with a progress bar: the loading step of a
+/// mapped model.
+fn warm_pages(model: &Model) {
+    let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let mut sink = 0u8;
-    for t in file.tensors() {
-        if let Ok(v) = file.tensor(&t.name) {
-            for chunk in v.data.chunks(1 << 20) {
-                for page in chunk.iter().step_by(4096) {
-                    sink = sink.wrapping_add(*page);
-                }
-                bar.inc(chunk.len() as u64);
-            }
-        }
-    }
-    std::hint::black_box(sink);
+    model.touch_weights(|done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
     bar.finish_and_clear();
 }
 
@@ -135,7 +126,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         args.ctx_size
     };
     let weights: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
-    let session_bytes = session_bytes(&model, ctx);
+    let (kv_per_position, recurrent) = model.state_bytes();
+    let session_bytes = kv_per_position * ctx as u64 + recurrent;
     let avail = memory::available_bytes();
     eprintln!(
         "redlite: {} ({}), {} layers, {} threads, {} path | resident: weights {} mapped from the file, KV + recurrent state {} for {} positions | available {}",
@@ -205,7 +197,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         );
     }
     if !args.no_warmup {
-        warm_pages(&file);
+        warm_pages(&model);
     }
 
     let seed = args.seed.unwrap_or_else(|| {
@@ -305,38 +297,6 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         decode_steps as f64 / decode_secs.max(1e-9),
     );
     Ok(())
-}
-
-/// Bytes a session of `ctx` positions will hold: f32 K and V for every
-/// attention layer at every position, plus the fixed recurrent states.
-fn session_bytes(model: &Model, ctx: usize) -> u64 {
-    let meta = model.file().metadata();
-    let arch = model.arch().name();
-    let key = |k: &str| format!("{arch}.{k}");
-    let n_embd = meta.get_u64(&key("embedding_length")).unwrap_or(0);
-    let n_head = meta
-        .get_u64(&key("attention.head_count"))
-        .unwrap_or(1)
-        .max(1);
-    let n_kv = meta
-        .get_u64(&key("attention.head_count_kv"))
-        .unwrap_or(n_head);
-    let k_len = meta
-        .get_u64(&key("attention.key_length"))
-        .unwrap_or(n_embd / n_head);
-    let v_len = meta
-        .get_u64(&key("attention.value_length"))
-        .unwrap_or(n_embd / n_head);
-    let mut bytes = 0u64;
-    for state in model.arch().new_states() {
-        match state {
-            redlite_model::LayerState::Kv(_) => bytes += ctx as u64 * n_kv * (k_len + v_len) * 4,
-            redlite_model::LayerState::Recurrent(r) => {
-                bytes += (r.conv.len() + r.ssm.len()) as u64 * 4
-            }
-        }
-    }
-    bytes
 }
 
 fn write_f32(w: &mut impl Write, v: &[f32]) -> Result<()> {

@@ -69,21 +69,6 @@ impl Role {
     }
 }
 
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
-
 fn short_value(v: &MetadataValue) -> String {
     match v {
         MetadataValue::String(s) => {
@@ -147,7 +132,7 @@ pub fn report(file: &GgufFile, show_all_metadata: bool) -> String {
         meta.len(),
         file.tensors().len(),
         file.alignment(),
-        human_bytes(file.file_size())
+        crate::memory::human(file.file_size())
     );
     if let Ok(name) = meta.get_str("general.name") {
         let _ = writeln!(out, "name:          {name}");
@@ -232,7 +217,7 @@ pub fn report(file: &GgufFile, show_all_metadata: bool) -> String {
         "\ntensors: {} ({} parameters, {})",
         file.tensors().len(),
         n_params,
-        human_bytes(total)
+        crate::memory::human(total)
     );
     let _ = writeln!(out, "  by type:");
     for (ty, (n, bytes)) in &by_type {
@@ -246,7 +231,7 @@ pub fn report(file: &GgufFile, show_all_metadata: bool) -> String {
             "    {:<8} {:>6} tensors {:>12}{status}",
             ty.name(),
             n,
-            human_bytes(*bytes)
+            crate::memory::human(*bytes)
         );
     }
     let _ = writeln!(out, "  by role:");
@@ -261,7 +246,7 @@ pub fn report(file: &GgufFile, show_all_metadata: bool) -> String {
             "    {:<14} {:>6} tensors {:>12} {:>5.1}%",
             role.label(),
             n,
-            human_bytes(*bytes),
+            crate::memory::human(*bytes),
             pct
         );
     }
@@ -296,7 +281,7 @@ pub fn report(file: &GgufFile, show_all_metadata: bool) -> String {
                 t.name,
                 t.ty.name(),
                 dims.join(", "),
-                human_bytes(t.n_bytes)
+                crate::memory::human(t.n_bytes)
             );
         }
     }

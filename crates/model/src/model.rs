@@ -63,6 +63,57 @@ impl Model {
         &self.arch
     }
 
+    /// Bytes one session holds: (f32 K and V per position over all
+    /// attention layers, fixed recurrent state over all DeltaNet layers).
+    /// Callers multiply the first by the context length to size a session.
+    pub fn state_bytes(&self) -> (u64, u64) {
+        let meta = self.file.metadata();
+        let arch = self.arch.name();
+        let key = |k: &str| format!("{arch}.{k}");
+        let n_embd = meta.get_u64(&key("embedding_length")).unwrap_or(0);
+        let n_head = meta
+            .get_u64(&key("attention.head_count"))
+            .unwrap_or(1)
+            .max(1);
+        let n_kv = meta
+            .get_u64(&key("attention.head_count_kv"))
+            .unwrap_or(n_head);
+        let k_len = meta
+            .get_u64(&key("attention.key_length"))
+            .unwrap_or(n_embd / n_head);
+        let v_len = meta
+            .get_u64(&key("attention.value_length"))
+            .unwrap_or(n_embd / n_head);
+        let (mut per_position, mut fixed) = (0u64, 0u64);
+        for state in self.arch.new_states() {
+            match state {
+                crate::LayerState::Kv(_) => per_position += n_kv * (k_len + v_len) * 4,
+                crate::LayerState::Recurrent(r) => fixed += (r.conv.len() + r.ssm.len()) as u64 * 4,
+            }
+        }
+        (per_position, fixed)
+    }
+
+    /// Touch every page of the mapped weights so the first token is not
+    /// timed on page faults. `progress` gets the bytes covered so far and
+    /// the total, about once per MiB.
+    pub fn touch_weights(&self, mut progress: impl FnMut(u64, u64)) {
+        let total: u64 = self.file.tensors().iter().map(|t| t.n_bytes).sum();
+        let (mut done, mut sink) = (0u64, 0u8);
+        for t in self.file.tensors() {
+            if let Ok(v) = self.file.tensor(&t.name) {
+                for chunk in v.data.chunks(1 << 20) {
+                    for page in chunk.iter().step_by(4096) {
+                        sink = sink.wrapping_add(*page);
+                    }
+                    done += chunk.len() as u64;
+                    progress(done, total);
+                }
+            }
+        }
+        std::hint::black_box(sink);
+    }
+
     pub fn file(&self) -> &GgufFile {
         &self.file
     }

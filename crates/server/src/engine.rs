@@ -11,9 +11,8 @@
 
 use crate::metrics::Metrics;
 use crate::stop::StopMatcher;
-use redlite_gguf::GgufFile;
 use redlite_model::sample::{Sampler, SamplerConfig};
-use redlite_model::{LayerState, Logits, Model, Session};
+use redlite_model::{Logits, Model, Session};
 use redlite_tokenizer::Tokenizer;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -139,7 +138,7 @@ struct Engine {
 
 impl Engine {
     fn new(model: Model, tok: Arc<Tokenizer>, cfg: EngineConfig, metrics: Arc<Metrics>) -> Engine {
-        let (kv_bytes_per_token, fixed_bytes) = state_bytes(&model);
+        let (kv_bytes_per_token, fixed_bytes) = model.state_bytes();
         metrics.ctx.store(cfg.ctx as u64, Ordering::Relaxed);
         Engine {
             model,
@@ -344,47 +343,4 @@ impl Engine {
             decode_secs,
         }))
     }
-}
-
-/// (KV bytes per position, fixed recurrent-state bytes) of one session.
-fn state_bytes(model: &Model) -> (u64, u64) {
-    let meta = model.file().metadata();
-    let arch = model.arch().name();
-    let key = |k: &str| format!("{arch}.{k}");
-    let n_embd = meta.get_u64(&key("embedding_length")).unwrap_or(0);
-    let n_head = meta
-        .get_u64(&key("attention.head_count"))
-        .unwrap_or(1)
-        .max(1);
-    let n_kv = meta
-        .get_u64(&key("attention.head_count_kv"))
-        .unwrap_or(n_head);
-    let k_len = meta
-        .get_u64(&key("attention.key_length"))
-        .unwrap_or(n_embd / n_head);
-    let v_len = meta
-        .get_u64(&key("attention.value_length"))
-        .unwrap_or(n_embd / n_head);
-    let (mut per_token, mut fixed) = (0u64, 0u64);
-    for state in model.arch().new_states() {
-        match state {
-            LayerState::Kv(_) => per_token += n_kv * (k_len + v_len) * 4,
-            LayerState::Recurrent(r) => fixed += (r.conv.len() + r.ssm.len()) as u64 * 4,
-        }
-    }
-    (per_token, fixed)
-}
-
-/// Touch every page of the weights so the first request is not timed on
-/// page faults.
-pub fn warm_pages(file: &GgufFile) {
-    let mut sink = 0u8;
-    for t in file.tensors() {
-        if let Ok(v) = file.tensor(&t.name) {
-            for page in v.data.iter().step_by(4096) {
-                sink = sink.wrapping_add(*page);
-            }
-        }
-    }
-    std::hint::black_box(sink);
 }

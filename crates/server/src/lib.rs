@@ -134,7 +134,7 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         args.ctx_size
     };
     if !args.no_warmup {
-        engine::warm_pages(&file);
+        model.touch_weights(|_, _| {});
     }
     let model_id = args.alias.clone().unwrap_or_else(|| {
         path.file_stem()
