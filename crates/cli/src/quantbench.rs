@@ -60,6 +60,9 @@ fn run_pass(
 ) -> Result<f64> {
     let n_rows = weights.len() / row_bytes;
     let per = n_rows.div_ceil(threads);
+    // Sweep the matrix enough times that one pass reads >= 256 MiB, so the
+    // pass takes tens of milliseconds and thread start-up does not dominate.
+    let sweeps = ((256usize << 20) / weights.len().max(1)).max(1);
     let start = Instant::now();
     let sums: Vec<Result<f32, redlite_quant::QuantError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -67,7 +70,7 @@ fn run_pass(
                 let rows = (t * per)..((t + 1) * per).min(n_rows);
                 s.spawn(move || {
                     let mut acc = 0f32;
-                    for r in rows {
+                    for r in (0..sweeps).flat_map(|_| rows.clone()) {
                         acc += redlite_quant::dot(
                             ty,
                             &weights[r * row_bytes..(r + 1) * row_bytes],
@@ -87,7 +90,7 @@ fn run_pass(
         std::hint::black_box(s?);
     }
     let secs = start.elapsed().as_secs_f64();
-    Ok(weights.len() as f64 / secs / 1e9)
+    Ok((weights.len() * sweeps) as f64 / secs / 1e9)
 }
 
 /// Benchmark the dot kernel of each type in `types`.
