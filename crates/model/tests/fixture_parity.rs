@@ -270,37 +270,31 @@ fn token_by_token(model: &Model, toks: &[u32]) -> Vec<f32> {
         .collect()
 }
 
-/// The KL gate on the quantized fixtures, from the measured noise floor.
+/// The KL gate on the quantized fixtures: the issue's KL ≤ 1e-3, flat.
 ///
 /// The fixture model is random and small, and with quantized weights both
 /// engines quantize every matmul's activations (Q8_0/Q8_K). A float-rounding
 /// difference of 1e-7 somewhere (summation order, chunked vs recurrent
 /// DeltaNet, batch vs single token) eventually moves one activation across
 /// a rounding boundary; that flip changes the element by a whole quantum
-/// (1/127 of its block's max), which moves later activations across more
-/// boundaries. Measured on the committed files (`quantized_layers_match_
-/// llama_cpp` shows it happening: iq2_xxs layer 1, token 3, one Q8_K
-/// element), the difference saturates at the activation-quantization noise
-/// within a few layers, so ANY two correct implementations that are not
-/// bit-identical differ by about the same KL as an engine's prefill differs
-/// from its own token-by-token run (mean KL over the 80 positions):
+/// (1/127 of its block's max) and the difference propagates
+/// (`quantized_layers_match_llama_cpp` shows where it starts). So any two
+/// correct implementations that are not bit-identical differ by about the
+/// same KL as an engine's prefill differs from its own token-by-token run.
+/// The fixture model is built to keep that noise well below the gate
+/// (residual-branch outputs 0.25/sqrt(fan_in), logit std ~2; see
+/// scripts/fixtures/qwen3next/README.md). Measured on the committed files
+/// (mean KL over the 80 compared positions):
 ///
 /// | file    | llama.cpp prefill vs its token-by-token | ours prefill vs ours token-by-token | ours vs llama.cpp prefill |
-/// |---------|------|------|------|
-/// | q8_0    | 2.6e-4 | 6.9e-4 | 8.0e-4 |
-/// | q4_k_m  | 1.3e-3 | 9.4e-4 | 1.1e-3 |
-/// | iq2_xxs | 1.8e-3 | 6.2e-4 | 1.6e-3 |
+/// |---------|--------|--------|--------|
+/// | q8_0    | 5.7e-5 | 1.2e-4 | 1.7e-4 |
+/// | q4_k_m  | 2.7e-4 | 2.0e-4 | 2.4e-4 |
+/// | iq2_xxs | 1.6e-4 | 2.7e-4 | 2.2e-4 |
 ///
-/// So the issue's KL ≤ 1e-3 is kept where the noise floor allows it and
-/// otherwise becomes 2 × the larger of the two engines' own
-/// prefill-vs-token-by-token KL (2×: two realizations of the noise, and
-/// room for a kernel change to move ours), never above 5e-3. This gate alone cannot
-/// tell a small systematic difference from noise (f32 activations instead
-/// of Q8 ones land at 1.1e-3 / 2.2e-3 / 2.8e-3): the sharp check of "same
-/// math as llama.cpp" is the per-layer one before the first flip.
-fn kl_gate(noise_floor: f64) -> f64 {
-    (2.0 * noise_floor).clamp(1e-3, 5e-3)
-}
+/// Both noise floors are printed beside every measurement; the gate is not
+/// derived from them.
+const KL_GATE: f64 = 1e-3;
 
 #[test]
 fn quantized_files_match_llama_cpp() {
@@ -344,11 +338,7 @@ fn quantized_files_match_llama_cpp() {
             0.0
         };
         let c = compare_rows(&ll.data, &ours, vocab);
-        let gate = if v == "f32" {
-            1e-9
-        } else {
-            kl_gate(own_noise.max(llama_noise))
-        };
+        let gate = if v == "f32" { 1e-9 } else { KL_GATE };
         // Greedy from the fixture's prompt, against llama.cpp's tokens.
         let prompt = tokens(&m["greedy"], "prompt");
         let want: Vec<u32> = tokens(ent, "greedy_tokens");
@@ -411,23 +401,24 @@ const LAYER_STAGES: [&str; 6] = [
     "l_out",
 ];
 
-/// Per token, the worst relative error (|Δ| over the tensor's max |x|)
-/// over every stage of every layer and the logits.
-fn per_token_worst(
+/// Per token, the relative error (|Δ| over the tensor's max |x|) of every
+/// stage of every layer and then of the logits, in graph order, each with
+/// its name (`stage-layer`, or `logits`).
+fn per_token_errors(
     trace: &redlite_model::trace::Trace,
     logits: &[f32],
     get: &dyn Fn(&str) -> Option<Vec<f32>>,
     n_layer: usize,
     n_tok: usize,
-) -> Vec<f32> {
-    let mut worst = vec![0f32; n_tok];
-    let mut add = |ours: &[f32], theirs: &[f32]| {
-        assert_eq!(ours.len(), theirs.len());
+) -> Vec<Vec<(String, f32)>> {
+    let mut errors = vec![Vec::new(); n_tok];
+    let mut add = |key: String, ours: &[f32], theirs: &[f32]| {
+        assert_eq!(ours.len(), theirs.len(), "{key}");
         let m = abs_max(theirs).max(1e-12);
         let w = ours.len() / n_tok;
-        for (t, wt) in worst.iter_mut().enumerate() {
+        for (t, et) in errors.iter_mut().enumerate() {
             let e = max_abs(&ours[t * w..(t + 1) * w], &theirs[t * w..(t + 1) * w]);
-            *wt = wt.max(e / m);
+            et.push((key.clone(), e / m));
         }
     };
     for il in 0..n_layer {
@@ -441,18 +432,43 @@ fn per_token_worst(
             } else {
                 stage
             };
+            let key = format!("{name}-{il}");
             let ours = &trace.get(Some(il), name).unwrap().data;
-            let theirs = get(&format!("{name}-{il}")).unwrap_or_else(|| panic!("{name}-{il}"));
-            add(ours, &theirs);
+            let theirs = get(&key).unwrap_or_else(|| panic!("{key}"));
+            add(key, ours, &theirs);
         }
     }
-    add(logits, &get("logits").unwrap());
-    worst
+    add("logits".into(), logits, &get("logits").unwrap());
+    errors
 }
 
-/// Tokens from the start whose every stage is within `tol`.
-fn leading_within(worst: &[f32], tol: f32) -> usize {
-    worst.iter().take_while(|&&w| w <= tol).count()
+/// The worst error of each token.
+fn worst_per_token(errors: &[Vec<(String, f32)>]) -> Vec<f32> {
+    errors
+        .iter()
+        .map(|e| e.iter().map(|(_, x)| *x).fold(0.0, f32::max))
+        .collect()
+}
+
+/// Where each token first leaves `tol` (None: it never does).
+fn first_divergence(errors: &[Vec<(String, f32)>], tol: f32) -> Vec<Option<String>> {
+    errors
+        .iter()
+        .map(|e| e.iter().find(|(_, x)| *x > tol).map(|(k, _)| k.clone()))
+        .collect()
+}
+
+/// Stages that multiply a quantized weight by an activation that is itself
+/// rounded to Q8_0/Q8_K first: the only places where two implementations
+/// that agree to float rounding on their inputs can part (one input element
+/// on the other side of a rounding boundary). Norms, residual adds and the
+/// router (F32 weights in every fixture file) compute on agreeing inputs
+/// and must agree.
+fn is_quantized_matmul_stage(key: &str) -> bool {
+    key == "logits"
+        || ["linear_attn_out-", "attn_output-", "ffn_out-"]
+            .iter()
+            .any(|p| key.starts_with(p))
 }
 
 /// The sharp check of "same math as llama.cpp" on the quantized files:
@@ -460,15 +476,19 @@ fn leading_within(worst: &[f32], tol: f32) -> usize {
 /// output, layer output) and the logits over the first 8 tokens, against
 /// llama.cpp's own graph tensors on the same file (`llama_*_quant_dump.npz`,
 /// made by `scripts/fixtures/qwen3next/dump_quant.sh`), and our reference
-/// path against our fast path the same way. Before any activation-rounding
-/// flip (see [`kl_gate`]) both agree to float rounding (measured ≤ 8e-7
-/// relative on q8_0/q4_k_m for all 8 tokens, bit-identical logits on q8_0);
-/// a wrong activation format (f32 instead of Q8_0/Q8_K) is off by 1.5e-2 at
-/// layer 0. A flip is causal, so tokens before it still agree: we require
-/// agreement on at least the first 3 tokens of each file (iq2_xxs flips one
-/// Q8_K element of layer 1's input at token 3: our attn_norm and llama.cpp's
-/// differ by 2e-7 there, one value lies within 1e-4 of a rounding boundary)
-/// and on all 8 where there is no flip.
+/// path against our fast path the same way.
+///
+/// Two implementations of the same math agree to float rounding (measured
+/// ≤ 7e-7 relative) until one activation element lands on the other side of
+/// a Q8 rounding boundary; from there the token (and, through the recurrent
+/// state and the KV cache, later tokens) differ by a quantization step
+/// (~1e-2 relative; see [`KL_GATE`]). So: (1) the first token, which starts
+/// from an empty state, agrees at every stage of every layer and in the
+/// logits — a wrong activation format is off by 1.5e-2 at layer 0, a wrong
+/// scale or layout by far more; (2) on every later token the first stage
+/// that parts is a quantized matmul, never a norm, the router or a residual
+/// add, which compute on agreeing inputs. The recurrent-state and cache math
+/// over many tokens is pinned by the F32 checks against transformers.
 #[test]
 fn quantized_layers_match_llama_cpp() {
     let Some(d) = fixture_dir() else { return };
@@ -500,14 +520,14 @@ fn quantized_layers_match_llama_cpp() {
             };
             z.get(&key).map(|a| a.data.clone())
         };
-        let fast_vs_llama = per_token_worst(
+        let fast_vs_llama = per_token_errors(
             &results[0].0.trace,
             &results[0].1,
             &from_llama,
             n_layer,
             toks.len(),
         );
-        let ref_vs_llama = per_token_worst(
+        let ref_vs_llama = per_token_errors(
             &results[1].0.trace,
             &results[1].1,
             &from_llama,
@@ -525,7 +545,7 @@ fn quantized_layers_match_llama_cpp() {
                 .get(Some(il.parse().unwrap()), name)
                 .map(|t| t.data.clone())
         };
-        let fast_vs_ref = per_token_worst(
+        let fast_vs_ref = per_token_errors(
             &results[0].0.trace,
             &results[0].1,
             &from_ref,
@@ -539,20 +559,42 @@ fn quantized_layers_match_llama_cpp() {
                 .join(" ")
         };
         println!("{v:>8}: worst relative error per token over all layers' stages and the logits");
-        println!("          fast vs llama.cpp      {}", fmt(&fast_vs_llama));
-        println!("          reference vs llama.cpp {}", fmt(&ref_vs_llama));
-        println!("          fast vs reference      {}", fmt(&fast_vs_ref));
-        let need = if v == "iq2_xxs" { 3 } else { toks.len() };
-        for (what, w) in [
+        for (what, errors) in [
             ("fast vs llama.cpp", &fast_vs_llama),
             ("reference vs llama.cpp", &ref_vs_llama),
             ("fast vs reference", &fast_vs_ref),
         ] {
-            let n = leading_within(w, TOL);
-            if n < need {
+            let worst = worst_per_token(errors);
+            let first = first_divergence(errors, TOL);
+            let parted: Vec<String> = first
+                .iter()
+                .enumerate()
+                .filter_map(|(t, k)| k.as_ref().map(|k| format!("t{t}@{k}")))
+                .collect();
+            println!(
+                "          {what:<22} {}  first parting: {}",
+                fmt(&worst),
+                if parted.is_empty() {
+                    "none".to_string()
+                } else {
+                    parted.join(" ")
+                }
+            );
+            if worst[0] > TOL {
                 failures.push(format!(
-                    "{v}: {what}: only the first {n} tokens within {TOL:.0e} (need {need})"
+                    "{v}: {what}: the first token parts at {} ({:.1e} > {TOL:.0e})",
+                    first[0].as_deref().unwrap_or("?"),
+                    worst[0]
                 ));
+            }
+            for (t, k) in first.iter().enumerate() {
+                if let Some(k) = k {
+                    if !is_quantized_matmul_stage(k) {
+                        failures.push(format!(
+                            "{v}: {what}: token {t} first parts at {k}, which computes on agreeing inputs"
+                        ));
+                    }
+                }
             }
         }
     }
@@ -564,9 +606,9 @@ fn quantized_layers_match_llama_cpp() {
 /// the same function, so they differ by float rounding only (per layer:
 /// `quantized_layers_match_llama_cpp`, ≤ 8e-7 relative before any flip);
 /// at the logits the random model turns that rounding into the
-/// activation-rounding noise floor of [`kl_gate`]. Quantized files: all 320
-/// tokens at llama.cpp's 80 positions, floor = the larger of our fast
-/// prefill vs token-by-token KL and llama.cpp's own on the same positions.
+/// activation-rounding noise floor of [`KL_GATE`]. Quantized files: all 320
+/// tokens at llama.cpp's 80 positions, KL ≤ [`KL_GATE`] (the noise floors,
+/// our fast prefill vs token-by-token and llama.cpp's own, are printed).
 /// F32: 96 tokens, max |Δlogit| ≤ 1e-4 of the range.
 #[test]
 fn reference_path_matches_fast_path_on_fixtures() {
@@ -618,7 +660,7 @@ fn reference_path_matches_fast_path_on_fixtures() {
         } else {
             0.0
         };
-        let gate = kl_gate(own_noise.max(llama_noise));
+        let gate = KL_GATE;
         println!(
             "{v:>8}: reference vs fast at {} positions: max |Δlogit| {:.3e} (range {:.2}), KL mean {kl_mean:.3e} max {kl_max:.3e}, argmax {}/{}; \
              noise floor: fast prefill vs token-by-token {own_noise:.3e}, llama.cpp's {llama_noise:.3e}; gate {gate:.2e}",
