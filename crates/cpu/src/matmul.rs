@@ -208,8 +208,8 @@ fn check_shapes(w: &QMatrix, xs: &[f32], ys: &[f32], n: usize) -> Result<(), Cpu
     Ok(())
 }
 
-/// Compute rows `r0..r0+nr` for all `n` tokens into `out` (`nr × n`, row-major
-/// by weight row).
+/// Compute rows `r0..r0+nr` for all `n` tokens into `out` (`n × nr`,
+/// token-major).
 #[allow(clippy::too_many_arguments)]
 fn rows_block(
     w: &QMatrix,
@@ -250,7 +250,9 @@ fn rows_block(
                 let acts = &bytes[t0 * stride..];
                 for r in 0..nr {
                     multi(w.row(r0 + r), acts, *stride, &mut tmp[..g]);
-                    out[r * n + t0..r * n + t0 + g].copy_from_slice(&tmp[..g]);
+                    for (j, &x) in tmp[..g].iter().enumerate() {
+                        out[(t0 + j) * nr + r] = x;
+                    }
                 }
                 t0 += g;
             }
@@ -273,7 +275,7 @@ fn rows_block(
             for r in 0..nr {
                 let row = w.row(r0 + r);
                 for t in 0..n {
-                    out[r * n + t] = dot(row, &bytes[t * stride..(t + 1) * stride]);
+                    out[t * nr + r] = dot(row, &bytes[t * stride..(t + 1) * stride]);
                 }
             }
         }
@@ -289,7 +291,7 @@ fn rows_block(
                     }
                 };
                 for t in 0..n {
-                    out[r * n + t] = dot_f32(row, &xs[t * w.cols..(t + 1) * w.cols]);
+                    out[t * nr + r] = dot_f32(row, &xs[t * w.cols..(t + 1) * w.cols]);
                 }
             }
         }
@@ -434,8 +436,8 @@ impl TokenMajorOut {
         }
     }
 
-    /// Writes `block` (`nr × n`, row-major by weight row) to rows
-    /// `r0..r0 + nr` of every token.
+    /// Writes `block` (`n × nr`, token-major) to rows `r0..r0 + nr` of
+    /// every token.
     ///
     /// # Safety
     /// No other thread may access rows `r0..r0 + nr` of this output
@@ -445,12 +447,13 @@ impl TokenMajorOut {
             r0 + nr <= self.rows && block.len() == nr * self.n,
             "put_rows bounds"
         );
-        for t in 0..self.n {
-            for r in 0..nr {
-                // SAFETY: `t * rows + r0 + r < n * rows` (checked above), and
-                // the caller owns these rows.
-                unsafe { *self.ptr.add(t * self.rows + r0 + r) = block[r * self.n + t] };
-            }
+        for (t, src) in block.chunks_exact(nr).enumerate() {
+            // SAFETY: `t * rows + r0 + nr <= n * rows` (checked above), so the
+            // run of `nr` elements is inside the output; the caller owns
+            // these rows, and `block` is a different allocation.
+            unsafe {
+                core::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(t * self.rows + r0), nr)
+            };
         }
     }
 }

@@ -364,7 +364,7 @@ mod avx2 {
 
     macro_rules! gemm_k {
         ($name:ident, $blk:ty, $dec:ty, $decode:ident, $pair:ident) => {
-            /// `nr` rows × `n` records (`out[r * n + t]`): blocks of
+            /// `nr` rows × `n` records (token-major: `out[t * nr + r]`): blocks of
             /// [`RECORDS_PER_BLOCK`] records outside; inside, rows are
             /// decoded two at a time (once per block of records) and each
             /// record's activation blocks are loaded once for both rows.
@@ -405,14 +405,14 @@ mod avx2 {
                             d1.extend(row(r + 1).iter().map(|a| $decode(a)));
                             for t in t0..t1 {
                                 let [a, b] = $pair::<2>([&d0, &d1], rec(t));
-                                out[r * n + t] = a;
-                                out[(r + 1) * n + t] = b;
+                                out[t * nr + r] = a;
+                                out[t * nr + r + 1] = b;
                             }
                             r += 2;
                         } else {
                             for t in t0..t1 {
                                 let [a] = $pair::<1>([&d0], rec(t));
-                                out[r * n + t] = a;
+                                out[t * nr + r] = a;
                             }
                             r += 1;
                         }
@@ -451,12 +451,11 @@ macro_rules! gemm_dispatch {
                 let mut t0 = 0;
                 while t0 < n {
                     let g = (n - t0).min(crate::registry::MULTI_MAX);
-                    $multi(
-                        row,
-                        &acts[t0 * stride..],
-                        stride,
-                        &mut out[r * n + t0..r * n + t0 + g],
-                    );
+                    let mut tmp = [0f32; crate::registry::MULTI_MAX];
+                    $multi(row, &acts[t0 * stride..], stride, &mut tmp[..g]);
+                    for (j, &x) in tmp[..g].iter().enumerate() {
+                        out[(t0 + j) * nr + r] = x;
+                    }
                     t0 += g;
                 }
             }
@@ -537,7 +536,7 @@ mod tests {
                     for (t, a) in acts.iter().enumerate() {
                         let want = (k.dot_fast)(&wb[r * rb..(r + 1) * rb], a);
                         assert_eq!(
-                            out[r * n + t].to_bits(),
+                            out[t * nr + r].to_bits(),
                             want.to_bits(),
                             "{ty} {nr}x{n} ({r},{t})"
                         );

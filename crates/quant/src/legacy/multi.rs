@@ -408,7 +408,9 @@ pub(crate) mod avx2 {
             let mut v = [0f32; 4];
             // SAFETY: `v` is 4 writable f32.
             unsafe { _mm_storeu_ps(v.as_mut_ptr(), s) };
-            out[r * n + t0..r * n + t0 + 4].copy_from_slice(&v);
+            for (j, &x) in v.iter().enumerate() {
+                out[(t0 + j) * nr + r] = x;
+            }
         };
         let mut g0 = 0;
         while g0 < groups {
@@ -477,7 +479,9 @@ pub(crate) mod avx2 {
             let mut tmp = [0f32; 4];
             for r in 0..nr {
                 multi(row(r), &acts[t0 * stride..], stride, &mut tmp[..g], signed);
-                out[r * n + t0..r * n + n].copy_from_slice(&tmp[..g]);
+                for (j, &x) in tmp[..g].iter().enumerate() {
+                    out[(t0 + j) * nr + r] = x;
+                }
             }
         }
     }
@@ -707,7 +711,7 @@ rows_dispatch!(rows_q8_0_fast, rows_q8_0, super::q8_0::dot_q8_0_ref);
 rows_dispatch!(rows_q5_0_fast, rows_q5_0, super::q5::dot_q5_0_ref);
 rows_dispatch!(rows_q4_0_fast, rows_q4_0, super::q4::dot_q4_0_ref);
 
-/// `nr` weight rows × `n` activation records (any `n`): `out[r * n + t] =
+/// `nr` weight rows × `n` activation records (any `n`), token-major: `out[t * nr + r] =
 /// dot(rows[r * row_bytes..][..row_bytes], acts[t * stride..][..act_len])`.
 pub type GemmFn = fn(
     rows: &[u8],
@@ -742,12 +746,11 @@ macro_rules! gemm_dispatch {
                 let mut t0 = 0;
                 while t0 < n {
                     let g = (n - t0).min(MULTI_MAX);
-                    $multi(
-                        row,
-                        &acts[t0 * stride..],
-                        stride,
-                        &mut out[r * n + t0..r * n + t0 + g],
-                    );
+                    let mut tmp = [0f32; MULTI_MAX];
+                    $multi(row, &acts[t0 * stride..], stride, &mut tmp[..g]);
+                    for (j, &x) in tmp[..g].iter().enumerate() {
+                        out[(t0 + j) * nr + r] = x;
+                    }
                     t0 += g;
                 }
             }
@@ -851,7 +854,7 @@ mod tests {
                         crate::dequantize(GgmlType::Q8_0, a, &mut adeq).unwrap();
                         let want = (k.dot_reference)(row, a);
                         let mag: f32 = deq.iter().zip(&adeq).map(|(a, b)| (a * b).abs()).sum();
-                        let e = (out[r * n + t] - want).abs();
+                        let e = (out[t * nr + r] - want).abs();
                         assert!(e <= mag * 1e-5 + 1e-6, "{ty} {nr}x{n} ({r},{t}): {e}");
                     }
                 }
