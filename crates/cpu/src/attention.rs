@@ -174,7 +174,7 @@ fn head_avx2(
     for chunk in scores.chunks_exact_mut(8) {
         // SAFETY: `chunk` is 8 readable and writable f32.
         unsafe {
-            let e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(chunk.as_ptr()), maxv));
+            let e = crate::vexp::exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(chunk.as_ptr()), maxv));
             _mm256_storeu_ps(chunk.as_mut_ptr(), e);
             sumv = _mm256_add_ps(sumv, e);
         }
@@ -203,44 +203,6 @@ fn head_avx2(
             unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c + 8 * j), *a) };
         }
     }
-}
-
-/// `exp` of eight f32 (Cephes' single-precision scheme: `x = n·ln2 + r`
-/// with ln2 split in two, a degree-6 polynomial for `e^r` on
-/// `|r| ≤ ln2/2`, `2^n` put in the exponent bits). Below -87.3 (where expf
-/// is denormal or 0) and for -inf it gives 0; above 88.3 it is clamped.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn exp_avx2(x: core::arch::x86_64::__m256) -> core::arch::x86_64::__m256 {
-    use core::arch::x86_64::*;
-    let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.3));
-    let x = _mm256_min_ps(
-        _mm256_max_ps(x, _mm256_set1_ps(-87.3)),
-        _mm256_set1_ps(88.3),
-    );
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        x,
-        _mm256_set1_ps(core::f32::consts::LOG2_E),
-    ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let mut y = _mm256_set1_ps(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        0.166_666_65,
-        0.5,
-    ] {
-        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
-    }
-    let r2 = _mm256_mul_ps(r, r);
-    y = _mm256_fmadd_ps(y, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
-    let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_cvtps_epi32(n),
-        _mm256_set1_epi32(127),
-    )));
-    _mm256_andnot_ps(tiny, _mm256_mul_ps(y, pow2n))
 }
 
 /// One query head over positions `0..n_pos`: `kv` holds the key and value
@@ -427,7 +389,9 @@ mod tests {
             while x < 88.0 {
                 let mut got = [0f32; 8];
                 // SAFETY: AVX2 and FMA checked above; `got` is 8 writable f32.
-                unsafe { _mm256_storeu_ps(got.as_mut_ptr(), exp_avx2(_mm256_set1_ps(x))) };
+                unsafe {
+                    _mm256_storeu_ps(got.as_mut_ptr(), crate::vexp::exp_avx2(_mm256_set1_ps(x)))
+                };
                 let want = x.exp();
                 if want > 1e-37 {
                     worst = worst.max(((got[0] - want) / want).abs());
@@ -442,7 +406,7 @@ mod tests {
             unsafe {
                 _mm256_storeu_ps(
                     got.as_mut_ptr(),
-                    exp_avx2(_mm256_set1_ps(f32::NEG_INFINITY)),
+                    crate::vexp::exp_avx2(_mm256_set1_ps(f32::NEG_INFINITY)),
                 )
             };
             assert_eq!(got[0], 0.0);

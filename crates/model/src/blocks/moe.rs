@@ -10,7 +10,7 @@ use crate::exec::Exec;
 use crate::trace::Trace;
 use crate::weights::Weight;
 use crate::ModelError;
-use redlite_cpu::ops::{sigmoid, softmax, swiglu};
+use redlite_cpu::ops::{sigmoid, softmax};
 
 /// A dense SwiGLU FFN: `down(SiLU(gate x) ⊙ up x)`.
 #[derive(Debug)]
@@ -23,7 +23,7 @@ pub struct DenseFfn {
 impl DenseFfn {
     pub fn forward(&self, ex: &Exec, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
         let [mut g, u] = ex.linear_many([&self.gate, &self.up], x, n)?;
-        swiglu(&mut g, &u);
+        ex.swiglu(&mut g, &u);
         ex.linear(&self.down, &g, n)
     }
 }
@@ -127,7 +127,7 @@ impl MoeWeights {
                     (g, u)
                 }
             };
-            swiglu(&mut g, &u);
+            ex.swiglu(&mut g, &u);
             let y = ex.linear_rows(&self.down, e * d, d, &g, m)?;
             for (i, &(tok, wt)) in toks.iter().enumerate() {
                 for (o, &v) in out[tok * d..(tok + 1) * d]
