@@ -18,6 +18,14 @@ pub struct GenerateArgs {
     /// The GGUF model file.
     #[arg(short, long)]
     pub model: PathBuf,
+    /// Map the model file (pages read on demand) even when it fits in memory.
+    #[arg(long, conflicts_with = "no_mmap")]
+    pub mmap: bool,
+    /// Read the whole model file into memory (huge pages) even when it takes
+    /// more than half of the available memory. Default: read in when it fits
+    /// in half of it, else map.
+    #[arg(long)]
+    pub no_mmap: bool,
     /// The prompt text.
     #[arg(short, long, conflicts_with = "prompt_ids")]
     pub prompt: Option<String>,
@@ -106,8 +114,7 @@ fn warm_pages(model: &Model) {
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     let path = &args.model;
-    let file = GgufFile::open(path).with_context(|| format!("opening model {}", path.display()))?;
-    let file = Arc::new(file);
+    let file = Arc::new(memory::open_model(path, args.mmap, args.no_mmap)?);
     let model = Model::load(
         file.clone(),
         LoadOptions {
@@ -130,13 +137,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let session_bytes = kv_per_position * ctx as u64 + recurrent;
     let avail = memory::available_bytes();
     eprintln!(
-        "redlite: {} ({}), {} layers, {} threads, {} path | resident: weights {} mapped from the file, KV + recurrent state {} for {} positions | available {}",
+        "redlite: {} ({}), {} layers, {} threads, {} path | resident: weights {} {}, KV + recurrent state {} for {} positions | available {}",
         path.display(),
         model.arch().name(),
         model.arch().n_layer(),
         model.threads(),
         if model.is_reference() { "reference" } else { "fast" },
         memory::human(weights),
+        memory::weights_residency(&file),
         memory::human(session_bytes),
         ctx,
         avail.map_or("unknown".into(), memory::human),

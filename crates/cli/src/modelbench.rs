@@ -31,6 +31,13 @@ pub struct ModelBenchArgs {
     /// The GGUF model file.
     #[arg(short, long)]
     pub model: PathBuf,
+    /// Map the model file even when it fits in memory.
+    #[arg(long, conflicts_with = "no_mmap")]
+    pub mmap: bool,
+    /// Read the whole model file into memory (huge pages). Default: read in
+    /// when it fits in half of the available memory, else map.
+    #[arg(long)]
+    pub no_mmap: bool,
     /// Prompt lengths to time (0 or empty: no prompt test).
     #[arg(
         short = 'p',
@@ -339,8 +346,14 @@ fn prompt(model: &Model, p: usize, rng: &mut Rng) -> Result<f64> {
 
 pub fn run(args: ModelBenchArgs) -> Result<()> {
     let path = &args.model;
-    let file = Arc::new(
-        GgufFile::open(path).with_context(|| format!("opening model {}", path.display()))?,
+    let file = Arc::new(crate::memory::open_model(
+        path,
+        args.mmap || args.mmap_advice.is_some(),
+        args.no_mmap,
+    )?);
+    eprintln!(
+        "redlite bench: weights {}",
+        crate::memory::weights_residency(&file)
     );
     let model = Model::load(
         file.clone(),
