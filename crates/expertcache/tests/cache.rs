@@ -216,7 +216,7 @@ fn concurrent_gets_see_their_own_bytes() {
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
                     let key = k((x >> 40) as usize % 3, (x >> 20) as usize % 8);
-                    if x % 7 == 0 {
+                    if x.is_multiple_of(7) {
                         c.prefetch(&[k((x >> 10) as usize % 3, (x >> 30) as usize % 8)]);
                     }
                     let s = c.get(key).unwrap();
