@@ -110,8 +110,9 @@ impl Model {
     /// Serve routed experts from a bounded cache of `opts.slots` slots,
     /// read from the file on misses, instead of from the mapped file.
     /// Results are the same bit for bit; only residency changes. The
-    /// mapping gets `MADV_RANDOM` so that faults on dense pages no longer
-    /// read around into expert bytes.
+    /// experts' part of the mapping gets `MADV_RANDOM`: nothing should
+    /// fault there any more, and if something does it reads one page, not
+    /// a read-ahead window.
     pub fn set_expert_cache(&mut self, opts: ExpertCacheOptions) -> Result<(), ModelError> {
         let layout = Arc::new(self.expert_layout()?);
         let path = self.file.path().ok_or(ModelError::NoFilePath)?;
@@ -126,8 +127,10 @@ impl Model {
             Arc::new(loader),
         )?;
         let bytes = self.file.bytes();
-        if let Err(e) = advise(bytes, 0..bytes.len(), Advice::Random) {
-            tracing::debug!("madvise(RANDOM) on the model file: {e}");
+        for r in layout.file_ranges() {
+            if let Err(e) = advise(bytes, r.start as usize..r.end as usize, Advice::Random) {
+                tracing::debug!("madvise(RANDOM) on expert bytes: {e}");
+            }
         }
         self.experts = Some(cache);
         self.pregate = opts.pregate;
