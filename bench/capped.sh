@@ -16,6 +16,7 @@
 #   ENGINES="redlite llama"   also: redlite-random (redlite with
 #                   --mmap-advice random: no kernel read-ahead on faults)
 #   LLAMA_ARGS      extra llama-bench args
+#   REDLITE_ARGS    extra `redlite bench model` args (e.g. "--memory 8G")
 #   LOG_DIR         raw outputs (default: a temp dir)
 #
 # Each run: the model file is dropped from the page cache
@@ -47,6 +48,7 @@ CG=/sys/fs/cgroup
 [[ -f $MODEL ]] || { echo "no model file $MODEL" >&2; exit 2; }
 [[ -d $CG/memory ]] || { echo "no cgroup v1 memory controller at $CG/memory" >&2; exit 2; }
 read -r -a LLAMA_ARGS_A <<< "${LLAMA_ARGS:-}"
+read -r -a REDLITE_ARGS_A <<< "${REDLITE_ARGS:-}"
 
 # page cache control for one file
 cache() { # drop|fill
@@ -187,6 +189,7 @@ for cap in $CAPS; do
     if [[ $eng == redlite* ]]; then
       cmd=("$REDLITE" bench model -m "$MODEL" -p 0 -n "$n" -d 0 -r 1 -t "$THREADS" -o json)
       [[ $eng == redlite-random ]] && cmd+=(--mmap-advice random)
+      cmd+=("${REDLITE_ARGS_A[@]}")
     else
       cmd=("$BIN/llama-bench" -m "$MODEL" -p 0 -n "$n" -r 1 -t "$THREADS" -o json "${LLAMA_ARGS_A[@]}")
     fi

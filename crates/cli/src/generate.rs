@@ -1,6 +1,5 @@
 //! `redlite generate`: prompt in, tokens out, streamed.
 
-use crate::memory;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use redlite_gguf::GgufFile;
@@ -11,6 +10,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+
+use crate::memory;
 
 /// Everything `redlite generate` takes.
 #[derive(clap::Args, Debug, Clone)]
@@ -95,6 +96,8 @@ pub struct GenerateArgs {
     /// Skip touching every weight page before the first token.
     #[arg(long)]
     pub no_warmup: bool,
+    #[command(flatten)]
+    pub mem: crate::residency::MemoryArgs,
 }
 
 /// Touch every weight page with a progress bar: the loading step of a
@@ -115,7 +118,7 @@ fn warm_pages(model: &Model) {
 pub fn run(args: GenerateArgs) -> Result<()> {
     let path = &args.model;
     let file = Arc::new(memory::open_model(path, args.mmap, args.no_mmap)?);
-    let model = Model::load(
+    let mut model = Model::load(
         file.clone(),
         LoadOptions {
             threads: args.threads,
@@ -125,46 +128,28 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     )
     .with_context(|| format!("loading model {}", path.display()))?;
 
-    // Memory: weights are mapped from the file (the page cache holds what is
-    // touched); the session's caches are allocated here.
+    // Memory: the plan decides what is resident (dense weights mapped from
+    // the file, experts mapped or in a bounded cache) or refuses here,
+    // before any weight is read.
     let ctx = if args.ctx_size == 0 {
         model.arch().context_length()
     } else {
         args.ctx_size
     };
-    let weights: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
-    let (kv_per_position, recurrent) = model.state_bytes();
-    let session_bytes = kv_per_position * ctx as u64 + recurrent;
-    let avail = memory::available_bytes();
     eprintln!(
-        "redlite: {} ({}), {} layers, {} threads, {} path | resident: weights {} {}, KV + recurrent state {} for {} positions | available {}",
+        "redlite: {} ({}), {} layers, {} threads, {} path, weights {}",
         path.display(),
         model.arch().name(),
         model.arch().n_layer(),
         model.threads(),
-        if model.is_reference() { "reference" } else { "fast" },
-        memory::human(weights),
+        if model.is_reference() {
+            "reference"
+        } else {
+            "fast"
+        },
         memory::weights_residency(&file),
-        memory::human(session_bytes),
-        ctx,
-        avail.map_or("unknown".into(), memory::human),
     );
-    if let Some(avail) = avail {
-        if session_bytes > avail {
-            bail!(
-                "the session needs {} for {ctx} positions but only {} is available: lower --ctx-size",
-                memory::human(session_bytes),
-                memory::human(avail)
-            );
-        }
-        if weights + session_bytes > avail {
-            eprintln!(
-                "redlite: warning: weights + state ({}) exceed available memory ({}): pages will be read from disk as needed (slow) until the expert cache lands",
-                memory::human(weights + session_bytes),
-                memory::human(avail)
-            );
-        }
-    }
+    crate::residency::apply(&mut model, &args.mem, ctx)?;
 
     let tokenizer = Tokenizer::from_gguf(file.metadata());
     let prompt: Vec<u32> = if let Some(ids) = &args.prompt_ids {
@@ -295,6 +280,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     // Decode speed counts the forward passes after the first sampled token.
     let decode_steps = generated.len().saturating_sub(1).max(1);
+    if let Some(c) = model.expert_cache() {
+        eprintln!(
+            "redlite: {}",
+            crate::residency::stats_line(&c.stats(), prompt.len() + generated.len())
+        );
+    }
     eprintln!(
         "redlite: prompt {} tokens in {:.2} s ({:.1} tok/s) | decode {} tokens in {:.2} s ({:.1} tok/s)",
         prompt.len(),

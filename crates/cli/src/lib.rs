@@ -5,3 +5,4 @@ pub mod inspect;
 pub mod memory;
 pub mod modelbench;
 pub mod quantbench;
+pub mod residency;

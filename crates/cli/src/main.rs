@@ -76,7 +76,7 @@ enum BenchCommand {
         passes: usize,
     },
     /// Prompt and decode tok/s of a whole model, printed like llama-bench (pp512, tg64@d4096, ...).
-    Model(modelbench::ModelBenchArgs),
+    Model(Box<modelbench::ModelBenchArgs>),
     /// CUDA kernels: GB/s per kernel and shape against the measured device copy bandwidth.
     #[cfg(feature = "cuda")]
     Kernels,
@@ -128,7 +128,7 @@ fn main() -> Result<()> {
         }
         Command::Bench {
             what: BenchCommand::Model(args),
-        } => modelbench::run(args)?,
+        } => modelbench::run(*args)?,
         Command::Bench {
             what:
                 BenchCommand::Quant {

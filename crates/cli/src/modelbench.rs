@@ -97,6 +97,13 @@ pub struct ModelBenchArgs {
     /// slice touched; `normal` is the kernel's default.
     #[arg(long, value_parser = ["normal", "random", "sequential", "willneed"])]
     pub mmap_advice: Option<String>,
+    /// Append each timed decode step's routing (per layer, the chosen
+    /// experts) to this file, one line per token (the trace format of
+    /// `redlite_expertcache::sim`).
+    #[arg(long)]
+    pub dump_routes: Option<PathBuf>,
+    #[command(flatten)]
+    pub mem: crate::residency::MemoryArgs,
 }
 
 /// One test's result.
@@ -318,19 +325,44 @@ fn fill(model: &Model, ctx: usize, depth: usize, rng: &mut Rng) -> Result<Sessio
 /// Time `n` single-token steps on `s` (random ids). Steps slower than a
 /// second are reported on stderr one by one (`LABEL step i/n: S s`), so a
 /// run stopped from outside still shows how far it got.
-fn decode(model: &Model, s: &mut Session, n: usize, rng: &mut Rng, label: &str) -> Result<f64> {
+fn decode(
+    model: &Model,
+    s: &mut Session,
+    n: usize,
+    rng: &mut Rng,
+    label: &str,
+    mut routes: Option<&mut dyn std::io::Write>,
+) -> Result<f64> {
     let ids = rng.tokens(n, model.n_vocab());
     let t0 = Instant::now();
+    let mut spent = 0f64;
     for (i, &id) in ids.iter().enumerate() {
         let ts = Instant::now();
         let l = s.forward(model, &[id], Logits::Last)?;
         std::hint::black_box(l);
         let step = ts.elapsed().as_secs_f64();
+        if let Some(w) = routes.as_mut() {
+            let t = Instant::now();
+            let layers: Vec<Vec<u32>> = s
+                .last_routes()
+                .iter()
+                .map(|l| {
+                    l.first()
+                        .map_or(Vec::new(), |r| r.iter().map(|&(e, _)| e as u32).collect())
+                })
+                .collect();
+            writeln!(
+                w,
+                "{}",
+                redlite_model::expertcache::sim::format_token(&layers)
+            )?;
+            spent += t.elapsed().as_secs_f64();
+        }
         if step > 1.0 {
             eprintln!("redlite bench: {label} step {}/{n}: {step:.2} s", i + 1);
         }
     }
-    Ok(t0.elapsed().as_secs_f64())
+    Ok(t0.elapsed().as_secs_f64() - spent)
 }
 
 /// Time one prompt of `p` ids on a fresh session.
@@ -355,7 +387,7 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
         "redlite bench: weights {}",
         crate::memory::weights_residency(&file)
     );
-    let model = Model::load(
+    let mut model = Model::load(
         file.clone(),
         LoadOptions {
             threads: args.threads,
@@ -385,13 +417,28 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
             .collect::<Vec<_>>()
             .join(" "),
     );
+    let ctx = tests
+        .iter()
+        .map(|&(p, n, d)| p.max(d + n + 1))
+        .max()
+        .unwrap_or(1);
+    let mem_plan = crate::residency::apply(&mut model, &args.mem, ctx)?;
+    let model = model;
     if let Some(a) = &args.mmap_advice {
         advise(&file, a)?;
     }
     if !args.no_warmup {
-        // Touch every page only when the weights fit: under a memory cap
-        // touching would just read the whole file once and evict it again.
-        if avail.is_none_or(|a| size < a) {
+        if model.expert_cache().is_some() {
+            // Bounded experts: read the dense weights only.
+            let t0 = Instant::now();
+            model.touch_weights(|_, _| {});
+            eprintln!(
+                "redlite bench: touched the dense weights in {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
+        } else if avail.is_none_or(|a| size < a) {
+            // Touch every page only when the weights fit: under a memory
+            // cap touching would just read the whole file once and evict it.
             touch_pages(&file);
         } else {
             eprintln!(
@@ -400,6 +447,17 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
             );
         }
     }
+    let mut route_file = match &args.dump_routes {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("opening {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let mut cache_stats = Vec::new();
 
     let reps = args.repetitions.max(1);
     let mut rng = Rng(args.seed);
@@ -438,17 +496,26 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
             let base = &filled.as_ref().expect("filled above").1;
             if !args.no_warmup {
                 let mut s = base.clone();
-                decode(&model, &mut s, 1, &mut rng, "warm-up")?;
+                decode(&model, &mut s, 1, &mut rng, "warm-up", None)?;
             }
             for i in 0..reps {
                 let mut s = base.clone();
-                let secs = decode(&model, &mut s, n, &mut rng, "decode")?;
+                if let Some(c) = model.expert_cache() {
+                    c.reset_stats();
+                }
+                let w = route_file.as_mut().map(|w| w as &mut dyn std::io::Write);
+                let secs = decode(&model, &mut s, n, &mut rng, "decode", w)?;
                 eprintln!(
                     "redlite bench: {} run {}/{reps}: {:.3} tok/s",
                     r.name(),
                     i + 1,
                     n as f64 / secs
                 );
+                if let Some(c) = model.expert_cache() {
+                    let st = c.stats();
+                    eprintln!("redlite bench: {}", crate::residency::stats_line(&st, n));
+                    cache_stats.push((r.name(), st));
+                }
                 r.secs.push(secs);
             }
         }
@@ -482,6 +549,12 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
                     "stddev_ts": stddev(&ts),
                     "samples_ts": ts,
                     "peak_rss": peak_rss_bytes(),
+                    "memory_plan": mem_plan.to_string(),
+                    "expert_cache": cache_stats
+                        .iter()
+                        .rev()
+                        .find(|(name, _)| *name == r.name())
+                        .map(|(_, st)| crate::residency::stats_json(st)),
                 })
             })
             .collect();

@@ -39,4 +39,8 @@ pub enum ModelError {
     BadToken { token: u32, n_vocab: usize },
     #[error("empty token list")]
     NoTokens,
+    #[error(transparent)]
+    Experts(#[from] redlite_expertcache::CacheError),
+    #[error("an expert cache reads the model file, but this model was not opened from a file")]
+    NoFilePath,
 }

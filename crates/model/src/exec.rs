@@ -17,7 +17,8 @@ use redlite_cpu::attention::{causal_attention, causal_attention_reference, AttnS
 use redlite_cpu::deltanet::{gdn_chunked, gdn_recurrent, GdnInputs, GdnShape};
 use redlite_cpu::matmul::{matmul, matmul_many, matmul_reference};
 use redlite_cpu::matmul_ref::{matmul_reference_ggml, round_bf16, round_f16};
-use redlite_cpu::Pool;
+use redlite_cpu::{Pool, QMatrix};
+use redlite_expertcache::ExpertCache;
 use redlite_gguf::{GgmlType, GgufFile};
 
 /// `REDLITE_REFERENCE=f32`: the reference path keeps f32 activations
@@ -37,6 +38,12 @@ pub struct Exec<'a> {
     pub file: &'a GgufFile,
     pub pool: &'a Pool,
     pub reference: bool,
+    /// Where routed experts' bytes come from: `None`, the mapped file;
+    /// else this bounded cache.
+    pub experts: Option<&'a ExpertCache>,
+    /// Pre-gating: how many experts of the next MoE layer to prefetch from
+    /// the current hidden state (0: off; only with a cache).
+    pub pregate: usize,
 }
 
 impl Exec<'_> {
@@ -100,7 +107,13 @@ impl Exec<'_> {
         self.run(&m, xs, n)
     }
 
-    fn run(&self, m: &redlite_cpu::QMatrix, xs: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+    /// `M · x` for a matrix given as bytes (an expert's rows from the
+    /// mapped file or from a cache slot): the same kernels as [`Exec::linear`].
+    pub fn linear_matrix(&self, m: &QMatrix, xs: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+        self.run(m, xs, n)
+    }
+
+    fn run(&self, m: &QMatrix, xs: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
         let mut ys = vec![0f32; n * m.rows];
         if self.reference {
             if reference_f32_activations() {

@@ -6,7 +6,10 @@ use crate::exec::Exec;
 use crate::session::Session;
 use crate::ModelError;
 use redlite_cpu::Pool;
+use redlite_expertcache::residency::{advise, Advice};
+use redlite_expertcache::{CacheConfig, ExpertCache, ExpertLayout, FileLoader, PolicyKind};
 use redlite_gguf::GgufFile;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// How to load and run.
@@ -36,6 +39,30 @@ pub fn reference_from_env() -> bool {
     std::env::var_os("REDLITE_REFERENCE").is_some_and(|v| v != "0" && !v.is_empty())
 }
 
+/// A bounded expert cache for [`Model::set_expert_cache`].
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertCacheOptions {
+    /// Slots (each holds one expert of any layer).
+    pub slots: usize,
+    pub policy: PolicyKind,
+    /// Threads reading misses and prefetches in parallel.
+    pub io_threads: usize,
+    /// Pre-gating: experts of the next MoE layer to prefetch per decode
+    /// step (0: off).
+    pub pregate: usize,
+}
+
+impl Default for ExpertCacheOptions {
+    fn default() -> Self {
+        ExpertCacheOptions {
+            slots: 0,
+            policy: PolicyKind::Lru,
+            io_threads: 4,
+            pregate: 0,
+        }
+    }
+}
+
 /// A model ready to run.
 #[derive(Debug)]
 pub struct Model {
@@ -44,6 +71,8 @@ pub struct Model {
     pool: Pool,
     reference: bool,
     ubatch: usize,
+    experts: Option<ExpertCache>,
+    pregate: usize,
 }
 
 impl Model {
@@ -56,7 +85,66 @@ impl Model {
             reference: opts.reference || reference_from_env(),
             ubatch: opts.ubatch.max(1),
             file,
+            experts: None,
+            pregate: 0,
         })
+    }
+
+    /// Where the routed experts lie in the file.
+    pub fn expert_layout(&self) -> Result<ExpertLayout, ModelError> {
+        self.arch.expert_layout()
+    }
+
+    /// Experts a token uses per MoE layer (0: a dense model).
+    pub fn n_expert_used(&self) -> usize {
+        self.arch.n_expert_used()
+    }
+
+    /// (dense bytes, routed expert bytes) of the file's tensors.
+    pub fn weight_split(&self) -> Result<(u64, u64), ModelError> {
+        let total: u64 = self.file.tensors().iter().map(|t| t.n_bytes).sum();
+        let experts = self.expert_layout()?.total_bytes();
+        Ok((total - experts, experts))
+    }
+
+    /// Serve routed experts from a bounded cache of `opts.slots` slots,
+    /// read from the file on misses, instead of from the mapped file.
+    /// Results are the same bit for bit; only residency changes. The
+    /// experts' part of the mapping gets `MADV_RANDOM`: nothing should
+    /// fault there any more, and if something does it reads one page, not
+    /// a read-ahead window.
+    pub fn set_expert_cache(&mut self, opts: ExpertCacheOptions) -> Result<(), ModelError> {
+        let layout = Arc::new(self.expert_layout()?);
+        let path = self.file.path().ok_or(ModelError::NoFilePath)?;
+        let loader = FileLoader::open(path, layout.clone(), true)?;
+        let cache = ExpertCache::new(
+            CacheConfig {
+                slots: opts.slots,
+                slot_bytes: layout.slot_bytes() as usize,
+                policy: opts.policy,
+                io_threads: opts.io_threads,
+            },
+            Arc::new(loader),
+        )?;
+        let bytes = self.file.bytes();
+        for r in layout.file_ranges() {
+            if let Err(e) = advise(bytes, r.start as usize..r.end as usize, Advice::Random) {
+                tracing::debug!("madvise(RANDOM) on expert bytes: {e}");
+            }
+        }
+        self.experts = Some(cache);
+        self.pregate = opts.pregate;
+        Ok(())
+    }
+
+    /// The bounded expert cache, when there is one.
+    pub fn expert_cache(&self) -> Option<&ExpertCache> {
+        self.experts.as_ref()
+    }
+
+    /// Change pre-gating (experts prefetched per next MoE layer; 0: off).
+    pub fn set_pregate(&mut self, k: usize) {
+        self.pregate = k;
     }
 
     pub fn arch(&self) -> &Arch {
@@ -95,12 +183,42 @@ impl Model {
     }
 
     /// Touch every page of the mapped weights so the first token is not
-    /// timed on page faults. `progress` gets the bytes covered so far and
-    /// the total, about once per MiB.
+    /// timed on page faults (with an expert cache: the dense weights only,
+    /// asked for with `MADV_WILLNEED` first, so they are read in large
+    /// requests). `progress` gets the bytes covered so far and the total,
+    /// about once per MiB.
     pub fn touch_weights(&self, mut progress: impl FnMut(u64, u64)) {
-        let total: u64 = self.file.tensors().iter().map(|t| t.n_bytes).sum();
+        let skip: HashSet<String> = match (&self.experts, self.expert_layout()) {
+            (Some(_), Ok(layout)) => layout
+                .layers
+                .iter()
+                .flatten()
+                .flat_map(|l| l.parts.iter().map(|p| p.tensor.clone()))
+                .collect(),
+            _ => HashSet::new(),
+        };
+        let tensors: Vec<_> = self
+            .file
+            .tensors()
+            .iter()
+            .filter(|t| !skip.contains(&t.name))
+            .collect();
+        let total: u64 = tensors.iter().map(|t| t.n_bytes).sum();
+        if self.experts.is_some() {
+            let base = self.file.bytes().as_ptr() as usize;
+            for t in &tensors {
+                if let Ok(v) = self.file.tensor(&t.name) {
+                    let start = v.data.as_ptr() as usize - base;
+                    let _ = advise(
+                        self.file.bytes(),
+                        start..start + v.data.len(),
+                        Advice::WillNeed,
+                    );
+                }
+            }
+        }
         let (mut done, mut sink) = (0u64, 0u8);
-        for t in self.file.tensors() {
+        for t in tensors {
             if let Ok(v) = self.file.tensor(&t.name) {
                 for chunk in v.data.chunks(1 << 20) {
                     for page in chunk.iter().step_by(4096) {
@@ -164,6 +282,8 @@ impl Model {
             file: &self.file,
             pool: &self.pool,
             reference: self.reference,
+            experts: self.experts.as_ref(),
+            pregate: self.pregate,
         }
     }
 }

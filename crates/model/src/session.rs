@@ -90,7 +90,9 @@ impl Session {
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
-        model.pool().install(|| self.forward_on_pool(model, tokens, want))
+        model
+            .pool()
+            .install(|| self.forward_on_pool(model, tokens, want))
     }
 
     fn forward_on_pool(

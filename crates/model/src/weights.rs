@@ -113,6 +113,11 @@ impl Weight {
         self.dims.iter().skip(1).product::<u64>() as usize
     }
 
+    /// Where the bytes lie in the file (absolute offsets).
+    pub fn file_range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
     /// The raw bytes.
     pub fn bytes<'f>(&self, file: &'f GgufFile) -> &'f [u8] {
         &file.bytes()[self.range.clone()]

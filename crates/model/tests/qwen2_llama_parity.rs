@@ -440,6 +440,8 @@ fn stages_match_llama_cpp_on_its_inputs() {
             file: m.file(),
             pool: &pool,
             reference,
+            experts: None,
+            pregate: 0,
         };
         // The fast path must match ggml's arithmetic; the reference path
         // (f64 dots, maybe f32 activations) only its meaning.

@@ -12,6 +12,7 @@ use crate::session::LayerState;
 use crate::trace::Trace;
 use crate::weights::Weight;
 use crate::ModelError;
+use redlite_expertcache::ExpertLayout;
 use redlite_gguf::GgufFile;
 
 /// A loaded architecture.
@@ -77,6 +78,25 @@ impl Arch {
         match self {
             Arch::Qwen3Next(m) => &m.output,
             Arch::Qwen2(m) => &m.output,
+        }
+    }
+
+    /// Where the routed experts lie in the file (no layers with experts
+    /// for dense architectures).
+    pub fn expert_layout(&self) -> Result<ExpertLayout, ModelError> {
+        match self {
+            Arch::Qwen3Next(m) => m.expert_layout(),
+            Arch::Qwen2(m) => Ok(ExpertLayout {
+                layers: vec![None; m.cfg.n_layer],
+            }),
+        }
+    }
+
+    /// Experts a token uses per MoE layer (0 for dense architectures).
+    pub fn n_expert_used(&self) -> usize {
+        match self {
+            Arch::Qwen3Next(m) => m.n_expert_used(),
+            Arch::Qwen2(_) => 0,
         }
     }
 

@@ -24,6 +24,7 @@ use crate::ModelError;
 use redlite_cpu::attention::AttnShape;
 use redlite_cpu::deltanet::GdnShape;
 use redlite_cpu::ops::{add_inplace, rms_norm, Rope};
+use redlite_expertcache::ExpertLayout;
 use redlite_gguf::GgufFile;
 
 /// The hyper-parameters, all from metadata.
@@ -344,6 +345,33 @@ impl Qwen3Next {
         ws.iter().try_for_each(|w| w.check_matmul_type())
     }
 
+    /// The first MoE layer after layer `i`.
+    fn next_moe(&self, i: usize) -> Option<(usize, &Layer)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .skip(i + 1)
+            .find(|(_, l)| matches!(l.ffn, Ffn::Moe(_)))
+    }
+
+    /// Where every layer's routed experts lie in the file.
+    pub fn expert_layout(&self) -> Result<ExpertLayout, ModelError> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match &l.ffn {
+                Ffn::Moe(m) => m.expert_layout().map(Some),
+                Ffn::Dense(_) => Ok(None),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ExpertLayout { layers })
+    }
+
+    /// Experts a token uses per MoE layer.
+    pub fn n_expert_used(&self) -> usize {
+        self.cfg.n_expert_used
+    }
+
     /// A fresh state per layer, matching its mixer.
     pub fn new_states(&self) -> Vec<LayerState> {
         self.layers
@@ -396,7 +424,21 @@ impl Qwen3Next {
             trace.record(t, "attn_post_norm", n, &h);
             let y = match &l.ffn {
                 Ffn::Moe(m) => {
-                    let (y, routes) = m.forward(ex, &h, n, trace, i)?;
+                    let routes = m.route(ex, &h, n, trace, i)?;
+                    m.demand(ex, i, &routes);
+                    if n == 1 && ex.experts.is_some() && ex.pregate > 0 {
+                        // Pre-gating: the next MoE layer's router on this
+                        // residual, normed as that layer will norm its own.
+                        if let Some((j, next)) = self.next_moe(i) {
+                            let Ffn::Moe(nm) = &next.ffn else {
+                                unreachable!("next_moe returns MoE layers")
+                            };
+                            let mut hn = x.clone();
+                            rms_norm(&mut hn, &next.post_norm, c.eps);
+                            nm.pregate(ex, j, &hn)?;
+                        }
+                    }
+                    let y = m.forward_routed(ex, &h, n, &routes, trace, i)?;
                     all_routes.push(routes);
                     y
                 }

@@ -1,0 +1,123 @@
+//! `--memory` / `--expert-cache`: the memory plan of a run, printed in one
+//! line at start-up, and the bounded expert cache it may install.
+
+use crate::memory;
+use anyhow::{Context, Result};
+use redlite_model::expertcache::plan::DEFAULT_RESERVE;
+use redlite_model::expertcache::{
+    parse_size, plan, CacheStats, ExpertResidency, Plan, PlanInput, PolicyKind,
+};
+use redlite_model::{ExpertCacheOptions, Model};
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+/// The memory flags shared by `generate` and `bench model`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MemoryArgs {
+    /// Memory budget of this run (e.g. 8G, 6GiB, 4096M): dense weights,
+    /// state, expert cache. Default: what is available (MemAvailable, and
+    /// the cgroup limit if lower).
+    #[arg(long, value_parser = size)]
+    pub memory: Option<u64>,
+    /// Size of the bounded expert cache (default: what the budget leaves
+    /// when the whole model does not fit; none when it does).
+    #[arg(long, value_parser = size)]
+    pub expert_cache: Option<u64>,
+    /// Expert cache eviction policy: lru, or lfu (least frequently used
+    /// with aging).
+    #[arg(long, default_value = "lru")]
+    pub cache_policy: PolicyKind,
+    /// Threads that read expert misses and prefetches in parallel.
+    #[arg(long, default_value_t = 4)]
+    pub io_threads: usize,
+    /// Pre-gating: experts of the next MoE layer prefetched per decode
+    /// step from the current hidden state (0: off).
+    #[arg(long, default_value_t = 10)]
+    pub pregate: usize,
+}
+
+/// Plan the run's memory for `ctx` positions; print the plan line; install
+/// the expert cache when the plan has one. Fails, with the numbers, before
+/// any weight is read when the configuration cannot fit.
+pub fn apply(model: &mut Model, args: &MemoryArgs, ctx: usize) -> Result<Plan> {
+    let layout = model.expert_layout()?;
+    let (dense, experts) = model.weight_split()?;
+    let (kv_per_position, recurrent) = model.state_bytes();
+    let p = plan(PlanInput {
+        dense_bytes: dense,
+        expert_bytes: experts,
+        n_experts: layout.n_experts(),
+        slot_bytes: layout.slot_bytes(),
+        n_used: model.n_expert_used() as u64,
+        state_bytes: kv_per_position * ctx as u64 + recurrent,
+        ctx: ctx as u64,
+        available: memory::available_bytes(),
+        memory: args.memory,
+        expert_cache: args.expert_cache,
+        reserve: DEFAULT_RESERVE,
+    })
+    .context("memory plan")?;
+    eprintln!("redlite: {p}");
+    if let ExpertResidency::Cached { slots } = p.experts {
+        model
+            .set_expert_cache(ExpertCacheOptions {
+                slots: slots as usize,
+                policy: args.cache_policy,
+                io_threads: args.io_threads,
+                pregate: args.pregate,
+            })
+            .context("setting up the expert cache")?;
+        eprintln!(
+            "redlite: expert cache {} policy, {} I/O threads, pre-gating {}",
+            args.cache_policy.name(),
+            args.io_threads,
+            if args.pregate == 0 {
+                "off".to_string()
+            } else {
+                format!("{} experts", args.pregate)
+            }
+        );
+    }
+    Ok(p)
+}
+
+/// One line of cache counters, per token where `tokens` > 0.
+pub fn stats_line(s: &CacheStats, tokens: usize) -> String {
+    let per = |v: u64| v as f64 / tokens.max(1) as f64;
+    format!(
+        "expert cache: {} lookups, hit rate {:.1}% ({} hits, {} prefetched in time, {} prefetched late, {} misses), {} evictions, {} read ({}/token), prefetch {} issued / {} unused, waited {:.2} s",
+        s.lookups,
+        100.0 * s.hit_rate(),
+        s.hits,
+        s.prefetch_hits,
+        s.prefetch_late,
+        s.misses,
+        s.evictions,
+        memory::human(s.bytes_read),
+        memory::human(per(s.bytes_read) as u64),
+        s.prefetch_issued,
+        s.prefetch_unused,
+        s.wait_ns as f64 / 1e9
+    )
+}
+
+/// The counters as JSON (for `bench model -o json`).
+pub fn stats_json(s: &CacheStats) -> serde_json::Value {
+    serde_json::json!({
+        "lookups": s.lookups,
+        "hits": s.hits,
+        "prefetch_hits": s.prefetch_hits,
+        "prefetch_late": s.prefetch_late,
+        "misses": s.misses,
+        "evictions": s.evictions,
+        "loads": s.loads,
+        "bytes_read": s.bytes_read,
+        "prefetch_issued": s.prefetch_issued,
+        "prefetch_unused": s.prefetch_unused,
+        "wait_ns": s.wait_ns,
+        "load_ns": s.load_ns,
+        "hit_rate": s.hit_rate(),
+    })
+}
