@@ -45,6 +45,7 @@ impl From<u32> for Variant {
 pub fn kernel_name(ty: GgmlType, v: impl Into<Variant>) -> Result<String> {
     let Variant { nr, x2 } = v.into();
     let tag = match ty {
+        GgmlType::F32 => "f32",
         GgmlType::Q4_K => "q4_k",
         GgmlType::Q6_K => "q6_k",
         GgmlType::IQ2_XXS => "iq2_xxs",
