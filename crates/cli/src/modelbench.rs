@@ -90,6 +90,12 @@ pub struct ModelBenchArgs {
     /// slice touched; `normal` is the kernel's default.
     #[arg(long, value_parser = ["normal", "random", "sequential", "willneed"])]
     pub mmap_advice: Option<String>,
+    /// Where to run: cpu, or cuda (builds with `--features cuda`; decode
+    /// only: one token per CUDA graph replay, prompts run token by token,
+    /// and a depth is set as a position without computing the tokens before
+    /// it: the KV rows there are zeros, the timing is that of the depth).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
 }
 
 /// One test's result.
@@ -391,9 +397,18 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
     let reps = args.repetitions.max(1);
     let mut rng = Rng(args.seed);
     let mut results = Vec::new();
+    let backend = if args.device == "cuda" { "CUDA" } else { "CPU" };
+    if args.device == "cuda" {
+        #[cfg(feature = "cuda")]
+        {
+            results = crate::cudabench::results(&args, &model, &tests, reps, args.seed)?;
+        }
+        #[cfg(not(feature = "cuda"))]
+        bail!("--device cuda: this redlite was built without the cuda feature");
+    }
     // Depth fills are done once per depth and cloned for every run.
     let mut filled: Option<(usize, Session)> = None;
-    for &(p, n, d) in &tests {
+    for &(p, n, d) in tests.iter().filter(|_| args.device == "cpu") {
         let mut r = TestResult {
             n_prompt: p,
             n_gen: n,
@@ -452,6 +467,7 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
                 let ns: Vec<u64> = r.secs.iter().map(|s| (s * 1e9) as u64).collect();
                 serde_json::json!({
                     "engine": "redlite",
+                    "backend": backend,
                     "model_filename": path.display().to_string(),
                     "model_type": desc,
                     "model_size": size,
@@ -479,7 +495,7 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
         for r in &results {
             let ts = r.samples_ts();
             println!(
-                "| {desc} | {:.2} GiB | {:.2} B | CPU | {threads} | {} | {:.2} ± {:.2} |",
+                "| {desc} | {:.2} GiB | {:.2} B | {backend} | {threads} | {} | {:.2} ± {:.2} |",
                 size as f64 / (1u64 << 30) as f64,
                 n_params as f64 / 1e9,
                 r.name(),

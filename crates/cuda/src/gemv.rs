@@ -1,7 +1,7 @@
 //! Decode GEMV launches: one matrix, or routed experts through slots.
 
 use crate::device::Gpu;
-use crate::layout::{layout, DeviceLayout};
+use crate::layout::{layout, to_device_bytes, upload_layout, DeviceLayout};
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use redlite_gguf::GgmlType;
@@ -174,6 +174,25 @@ impl DeviceMatrix {
         })
     }
 
+    /// Upload a GGUF `ty` tensor of `rows` x `cols`: in its own layout when
+    /// a kernel reads it, else dequantized to F32 ([`upload_layout`]).
+    pub fn from_gguf(
+        gpu: &Gpu,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        gguf: &[u8],
+    ) -> Result<Self> {
+        let layout = upload_layout(ty, cols)?;
+        let dev = to_device_bytes(&layout, ty, gguf, rows, cols)?;
+        Ok(Self {
+            layout,
+            rows,
+            cols,
+            buf: gpu.stream.clone_htod(&dev)?,
+        })
+    }
+
     pub fn bytes(&self) -> usize {
         self.buf.len()
     }
@@ -265,6 +284,43 @@ impl ExpertStack {
             n_slots,
             stride,
             buf: gpu.stream.alloc_zeros(stride * n_slots)?,
+        })
+    }
+
+    /// Every expert of a stacked GGUF `ty` tensor (`n` experts of
+    /// `rows_total` rows each, expert index slowest), rows
+    /// `row0..row0 + rows` of each (a merged gate|up tensor gives gate and
+    /// up separately), expert e in slot e (full residency). Formats without
+    /// a kernel are dequantized to F32 ([`upload_layout`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_gguf(
+        gpu: &Gpu,
+        ty: GgmlType,
+        rows_total: usize,
+        row0: usize,
+        rows: usize,
+        cols: usize,
+        n: usize,
+        gguf: &[u8],
+    ) -> Result<Self> {
+        ensure!(n >= 1 && row0 + rows <= rows_total && gguf.len().is_multiple_of(n * rows_total));
+        let layout = upload_layout(ty, cols)?;
+        let stride = layout.matrix_bytes(rows, cols)?.next_multiple_of(256);
+        let per = gguf.len() / n;
+        let row_bytes = per / rows_total;
+        let mut host = vec![0u8; stride * n];
+        for e in 0..n {
+            let src = &gguf[e * per + row0 * row_bytes..][..rows * row_bytes];
+            let dev = to_device_bytes(&layout, ty, src, rows, cols)?;
+            host[e * stride..][..dev.len()].copy_from_slice(&dev);
+        }
+        Ok(Self {
+            layout,
+            rows,
+            cols,
+            n_slots: n,
+            stride,
+            buf: gpu.stream.clone_htod(&host)?,
         })
     }
 

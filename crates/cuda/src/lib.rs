@@ -22,11 +22,13 @@
 //! `DeviceMatrix`, `ExpertStack`, `SlotTable` and plain slices.
 
 pub mod bench;
+pub mod decoder;
 pub mod device;
 pub mod gemv;
 pub mod kernels;
 pub mod layout;
 pub mod ops;
+pub mod parity;
 pub mod reference;
 pub mod selftest;
 pub mod selftest_ops;

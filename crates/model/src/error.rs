@@ -39,4 +39,6 @@ pub enum ModelError {
     BadToken { token: u32, n_vocab: usize },
     #[error("empty token list")]
     NoTokens,
+    #[error("{backend} backend: {what}")]
+    Backend { backend: &'static str, what: String },
 }
