@@ -45,11 +45,13 @@ pub fn results(
         &DecoderOptions {
             ctx: need,
             nsplit: None,
+            int8: !args.f32_activations,
         },
     )?;
     eprintln!(
-        "redlite bench: cuda: {} | {} ops per token in one graph | {:.1} GiB on the device | set up in {:.1} s",
+        "redlite bench: cuda: {} | {} activations | {} stages per token in one graph | {:.1} GiB on the device | set up in {:.1} s",
         dec.gpu().name,
+        if args.f32_activations { "f32" } else { "int8" },
         dec.n_ops(),
         dec.device_bytes as f64 / (1u64 << 30) as f64,
         t0.elapsed().as_secs_f64()
@@ -102,7 +104,7 @@ pub fn parity_cli(
 ) -> Result<()> {
     // Read once by the model crate: set before any model runs.
     std::env::set_var("REDLITE_REFERENCE", "f32");
-    println!("| file | CPU path | steps | argmax agree | worst max abs dlogit | worst KL | greedy {n_greedy} identical | verdict |");
+    println!("| file | paths | steps | argmax agree | worst max abs dlogit | worst KL | greedy {n_greedy} identical | verdict |");
     println!("|---|---|---:|---:|---:|---:|---|---|");
     let mut all = true;
     for path in files {
@@ -112,9 +114,13 @@ pub fn parity_cli(
         );
         let mut model = Model::load(file, Default::default())?;
         let prompt = tokens(7, n_prompt, model.n_vocab());
-        for (reference, label) in [(true, "reference, f32 act"), (false, "fast, int8 act")] {
+        let rows = [
+            (true, "CPU reference (f32 act) / GPU f32 act"),
+            (false, "CPU fast (int8 act) / GPU int8 act"),
+        ];
+        for (reference, label) in rows {
             model.set_reference(reference);
-            let p = parity(Gpu::new(0)?, &model, &prompt, n_greedy)?;
+            let p = parity(Gpu::new(0)?, &model, &prompt, n_greedy, !reference)?;
             let ok = p.ok(kl_max);
             if reference {
                 all &= ok;

@@ -82,6 +82,10 @@ pub struct GenerateArgs {
     /// graph per token; the prompt runs token by token).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub device: String,
+    /// With --device cuda: f32 activations everywhere (the CPU reference
+    /// path's math) instead of int8 activations for the int8 kernels.
+    #[arg(long)]
+    pub f32_activations: bool,
     /// Write the logits of every prompt position and every generated token as little-endian f32 (rows of n_vocab).
     #[arg(long)]
     pub dump_logits: Option<PathBuf>,
@@ -219,7 +223,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         seed,
     });
 
-    let mut session = Runner::new(&args.device, &model, ctx)?;
+    let mut session = Runner::new(&args.device, &model, ctx, args.f32_activations)?;
     if args.dump_trace.is_some() {
         session.enable_trace()?;
     }
@@ -346,7 +350,8 @@ enum Runner {
 }
 
 impl Runner {
-    fn new(device: &str, model: &Model, ctx: usize) -> Result<Self> {
+    fn new(device: &str, model: &Model, ctx: usize, f32_act: bool) -> Result<Self> {
+        let _ = f32_act;
         match device {
             #[cfg(feature = "cuda")]
             "cuda" => {
@@ -354,7 +359,11 @@ impl Runner {
                 let dec = redlite_cuda::decoder::CudaDecoder::new(
                     gpu,
                     model,
-                    &redlite_cuda::decoder::DecoderOptions { ctx, nsplit: None },
+                    &redlite_cuda::decoder::DecoderOptions {
+                        ctx,
+                        nsplit: None,
+                        int8: !f32_act,
+                    },
                 )?;
                 eprintln!(
                     "redlite: cuda: {}, {:.1} GiB on the device",

@@ -95,7 +95,11 @@ enum BenchCommand {
     Model(modelbench::ModelBenchArgs),
     /// CUDA kernels: GB/s per kernel and shape against the measured device copy bandwidth.
     #[cfg(feature = "cuda")]
-    Kernels,
+    Kernels {
+        /// Only the decode kernels other than the GEMVs (attention, DeltaNet step).
+        #[arg(long)]
+        decode_only: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -137,8 +141,8 @@ fn main() -> Result<()> {
         } => redlite_cli::cudabench::parity_cli(&model, n_prompt, n_greedy, kl_max)?,
         #[cfg(feature = "cuda")]
         Command::Bench {
-            what: BenchCommand::Kernels,
-        } => redlite_cuda::bench_cli()?,
+            what: BenchCommand::Kernels { decode_only },
+        } => redlite_cuda::bench_cli(decode_only)?,
         Command::Tokenize {
             model,
             no_special,

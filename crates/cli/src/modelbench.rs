@@ -96,6 +96,10 @@ pub struct ModelBenchArgs {
     /// it: the KV rows there are zeros, the timing is that of the depth).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub device: String,
+    /// With --device cuda: f32 activations everywhere instead of int8
+    /// activations for the formats with int8 kernels.
+    #[arg(long)]
+    pub f32_activations: bool,
 }
 
 /// One test's result.

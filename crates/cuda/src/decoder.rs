@@ -11,11 +11,15 @@
 //! kernel reads the position from device memory, so the same graph serves
 //! every position.
 //!
-//! Activations use the f32 GEMV kernels (the CPU engine's parity partner);
-//! formats without a device kernel are dequantized to F32 at upload.
+//! Activations: f32 (the CPU reference path's math: the parity partner), or
+//! with [`DecoderOptions::int8`] quantized to int8 per 32 values once per
+//! vector for the formats with int8 kernels (IQ2_XXS, Q4_K, Q8_0; routed
+//! gate and up in one launch), as the CPU fast path and llama.cpp quantize
+//! activations. Formats without a device kernel are dequantized to F32 at
+//! upload.
 
 use crate::device::Gpu;
-use crate::gemv::{DeviceMatrix, ExpertStack, DEFAULT_NR};
+use crate::gemv::{DeviceMatrix, ExpertStack, Q8Vec, DEFAULT_NR, Q8_TYPES};
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
 use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -39,6 +43,41 @@ struct Bufs {
     logits: CudaSlice<f32>,
     /// The position of the token being run (one i32).
     pos: CudaSlice<i32>,
+    /// `h` quantized for the int8 kernels (int8 mode).
+    hq: Option<Q8Vec>,
+}
+
+/// `y = W x`, through the int8 kernel when `xq` is given and W's format has
+/// one.
+fn mv(
+    gpu: &Gpu,
+    m: &DeviceMatrix,
+    x: &CudaSlice<f32>,
+    xq: Option<&Q8Vec>,
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    match xq {
+        Some(q) if Q8_TYPES.contains(&m.layout.ty) && q.n >= m.cols => {
+            m.gemv_q8(gpu, q, y, DEFAULT_NR)
+        }
+        _ => m.gemv(gpu, x, y, DEFAULT_NR),
+    }
+}
+
+/// Room for `n` int8 activations when `on` (and `n` is whole blocks of 32).
+fn q8vec(gpu: &Gpu, on: bool, n: usize) -> Result<Option<Q8Vec>> {
+    if on && n.is_multiple_of(32) {
+        Ok(Some(Q8Vec::new(gpu, n)?))
+    } else {
+        Ok(None)
+    }
+}
+
+fn quantize(gpu: &Gpu, q: &mut Option<Q8Vec>, x: &CudaSlice<f32>) -> Result<()> {
+    if let Some(q) = q {
+        q.quantize(gpu, x)?;
+    }
+    Ok(())
 }
 
 struct AttnOp {
@@ -56,6 +95,7 @@ struct AttnOp {
     v: CudaSlice<f32>,
     q: CudaSlice<f32>,
     o: CudaSlice<f32>,
+    oq: Option<Q8Vec>,
     k_cache: CudaSlice<f32>,
     v_cache: CudaSlice<f32>,
     scratch: AttnScratch,
@@ -76,6 +116,7 @@ struct GdnOp {
     z: CudaSlice<f32>,
     ba: CudaSlice<f32>,
     o: CudaSlice<f32>,
+    oq: Option<Q8Vec>,
     ring: CudaSlice<f32>,
     state: CudaSlice<f32>,
 }
@@ -86,6 +127,7 @@ struct FfnOp {
     down: DeviceMatrix,
     g: CudaSlice<f32>,
     u: CudaSlice<f32>,
+    gq: Option<Q8Vec>,
     out: CudaSlice<f32>,
 }
 
@@ -104,6 +146,10 @@ struct MoeOp {
     yg: CudaSlice<f32>,
     yu: CudaSlice<f32>,
     yd: CudaSlice<f32>,
+    /// int8 mode: gate|up of the routed experts in one launch, and the
+    /// quantized SwiGLU output for down.
+    ygu: Option<CudaSlice<f32>>,
+    actq: Option<Q8Vec>,
     shared: Option<FfnOp>,
     shared_gate: Option<(DeviceMatrix, CudaSlice<f32>)>,
 }
@@ -127,7 +173,7 @@ enum Op {
 }
 
 impl FfnOp {
-    fn new(gpu: &Gpu, f: &GgufFile, w: &DenseFfn) -> Result<Self> {
+    fn new(gpu: &Gpu, f: &GgufFile, w: &DenseFfn, int8: bool) -> Result<Self> {
         let gate = upload(gpu, f, &w.gate)?;
         let up = upload(gpu, f, &w.up)?;
         let down = upload(gpu, f, &w.down)?;
@@ -135,6 +181,7 @@ impl FfnOp {
             g: gpu.stream.alloc_zeros(gate.rows)?,
             u: gpu.stream.alloc_zeros(up.rows)?,
             out: gpu.stream.alloc_zeros(down.rows)?,
+            gq: q8vec(gpu, int8, gate.rows)?,
             gate,
             up,
             down,
@@ -142,11 +189,12 @@ impl FfnOp {
     }
 
     /// `out = down(SiLU(gate h) * up h)`.
-    fn run(&mut self, gpu: &Gpu, h: &CudaSlice<f32>) -> Result<()> {
-        self.gate.gemv(gpu, h, &mut self.g, DEFAULT_NR)?;
-        self.up.gemv(gpu, h, &mut self.u, DEFAULT_NR)?;
+    fn run(&mut self, gpu: &Gpu, h: &CudaSlice<f32>, hq: Option<&Q8Vec>) -> Result<()> {
+        mv(gpu, &self.gate, h, hq, &mut self.g)?;
+        mv(gpu, &self.up, h, hq, &mut self.u)?;
         ops::swiglu(gpu, (&self.g, 0), (&self.u, 0), &self.g, self.gate.rows)?;
-        self.down.gemv(gpu, &self.g, &mut self.out, DEFAULT_NR)
+        quantize(gpu, &mut self.gq, &self.g)?;
+        mv(gpu, &self.down, &self.g, self.gq.as_ref(), &mut self.out)
     }
 }
 
@@ -154,21 +202,16 @@ impl Op {
     fn run(&mut self, gpu: &Gpu, b: &mut Bufs) -> Result<()> {
         let d = b.x.len();
         match self {
-            Op::Norm { w, eps, add_mix } => ops::rms_norm(
-                gpu,
-                &b.x,
-                add_mix.then_some(&b.mix),
-                w,
-                Some(&b.h),
-                1,
-                d,
-                *eps,
-                false,
-            ),
+            Op::Norm { w, eps, add_mix } => {
+                let res = add_mix.then_some(&b.mix);
+                ops::rms_norm(gpu, &b.x, res, w, Some(&b.h), 1, d, *eps, false)?;
+                quantize(gpu, &mut b.hq, &b.h)
+            }
             Op::Attn(a) => {
-                a.wq.gemv(gpu, &b.h, &mut a.q_full, DEFAULT_NR)?;
-                a.wk.gemv(gpu, &b.h, &mut a.k, DEFAULT_NR)?;
-                a.wv.gemv(gpu, &b.h, &mut a.v, DEFAULT_NR)?;
+                let hq = b.hq.as_ref();
+                mv(gpu, &a.wq, &b.h, hq, &mut a.q_full)?;
+                mv(gpu, &a.wk, &b.h, hq, &mut a.k)?;
+                mv(gpu, &a.wv, &b.h, hq, &mut a.v)?;
                 let norms = a.norms.as_ref().map(|(q, k)| (q, k));
                 ops::attn_prep(
                     gpu,
@@ -189,12 +232,14 @@ impl Op {
                     gpu, &a.dims, &a.q, &a.k_cache, &a.v_cache, &b.pos, &a.scratch, gate, &a.o,
                     a.scale,
                 )?;
-                a.wo.gemv(gpu, &a.o, &mut b.mix, DEFAULT_NR)
+                quantize(gpu, &mut a.oq, &a.o)?;
+                mv(gpu, &a.wo, &a.o, a.oq.as_ref(), &mut b.mix)
             }
             Op::Gdn(g) => {
-                g.w_qkv.gemv(gpu, &b.h, &mut g.qkv, DEFAULT_NR)?;
-                g.w_z.gemv(gpu, &b.h, &mut g.z, DEFAULT_NR)?;
-                g.w_ba.gemv(gpu, &b.h, &mut g.ba, DEFAULT_NR)?;
+                let hq = b.hq.as_ref();
+                mv(gpu, &g.w_qkv, &b.h, hq, &mut g.qkv)?;
+                mv(gpu, &g.w_z, &b.h, hq, &mut g.z)?;
+                mv(gpu, &g.w_ba, &b.h, hq, &mut g.ba)?;
                 let w = GdnWeights {
                     conv_w: &g.conv_w,
                     dt_bias: &g.dt_bias,
@@ -205,10 +250,12 @@ impl Op {
                     gpu, &g.dims, &w, &g.qkv, &g.z, &g.ba, &g.ring, &g.state, &g.o, &b.pos, g.eps,
                     L2_EPS,
                 )?;
-                g.w_out.gemv(gpu, &g.o, &mut b.mix, DEFAULT_NR)
+                quantize(gpu, &mut g.oq, &g.o)?;
+                mv(gpu, &g.w_out, &g.o, g.oq.as_ref(), &mut b.mix)
             }
             Op::Moe(m) => {
-                m.router.gemv(gpu, &b.h, &mut m.logits, DEFAULT_NR)?;
+                let hq = b.hq.as_ref();
+                mv(gpu, &m.router, &b.h, hq, &mut m.logits)?;
                 ops::router_topk(
                     gpu,
                     &m.logits,
@@ -220,18 +267,37 @@ impl Op {
                     &m.experts,
                     &m.w,
                 )?;
-                m.gate
-                    .gemv(gpu, &m.slots, m.k, &b.h, 0, &mut m.yg, DEFAULT_NR)?;
-                m.up.gemv(gpu, &m.slots, m.k, &b.h, 0, &mut m.yu, DEFAULT_NR)?;
                 let ff = m.gate.rows;
-                ops::swiglu(gpu, (&m.yg, 0), (&m.yu, 0), &m.yg, m.k * ff)?;
-                m.down
-                    .gemv(gpu, &m.slots, m.k, &m.yg, ff, &mut m.yd, DEFAULT_NR)?;
+                let kf = m.k * ff;
+                match (&mut m.ygu, hq) {
+                    (Some(ygu), Some(hq)) => {
+                        ExpertStack::gemv_gate_up_q8(
+                            &m.gate, &m.up, gpu, &m.slots, m.k, hq, ygu, DEFAULT_NR,
+                        )?;
+                        ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, kf)?;
+                    }
+                    _ => {
+                        m.gate
+                            .gemv(gpu, &m.slots, m.k, &b.h, 0, &mut m.yg, DEFAULT_NR)?;
+                        m.up.gemv(gpu, &m.slots, m.k, &b.h, 0, &mut m.yu, DEFAULT_NR)?;
+                        ops::swiglu(gpu, (&m.yg, 0), (&m.yu, 0), &m.yg, kf)?;
+                    }
+                }
+                match &mut m.actq {
+                    Some(q) => {
+                        q.quantize(gpu, &m.yg)?;
+                        m.down
+                            .gemv_q8(gpu, &m.slots, m.k, q, ff, &mut m.yd, DEFAULT_NR)?;
+                    }
+                    None => m
+                        .down
+                        .gemv(gpu, &m.slots, m.k, &m.yg, ff, &mut m.yd, DEFAULT_NR)?,
+                }
                 if let Some(s) = &mut m.shared {
-                    s.run(gpu, &b.h)?;
+                    s.run(gpu, &b.h, hq)?;
                 }
                 if let Some((gw, gl)) = &mut m.shared_gate {
-                    gw.gemv(gpu, &b.h, gl, DEFAULT_NR)?;
+                    mv(gpu, gw, &b.h, hq, gl)?;
                 }
                 ops::moe_combine(
                     gpu,
@@ -245,7 +311,7 @@ impl Op {
                 )
             }
             Op::Dense(f) => {
-                f.run(gpu, &b.h)?;
+                f.run(gpu, &b.h, b.hq.as_ref())?;
                 ops::add_inplace(gpu, &b.x, &f.out, d)
             }
             Op::Head { norm, eps, w } => {
@@ -254,6 +320,11 @@ impl Op {
             }
         }
     }
+}
+
+/// Whether routed experts of this stack have int8 kernels.
+fn int8_experts(s: &ExpertStack) -> bool {
+    Q8_TYPES.contains(&s.layout.ty) && s.cols.is_multiple_of(32)
 }
 
 fn upload(gpu: &Gpu, f: &GgufFile, w: &Weight) -> Result<DeviceMatrix> {
@@ -271,6 +342,7 @@ struct Builder<'a> {
     file: &'a GgufFile,
     ctx: usize,
     nsplit: Option<usize>,
+    int8: bool,
     ops: Vec<Op>,
     embd: Option<Weight>,
     n_vocab: usize,
@@ -321,6 +393,7 @@ impl Builder<'_> {
             v: gpu.stream.alloc_zeros(nkv * hd)?,
             q: gpu.stream.alloc_zeros(nh * hd)?,
             o: gpu.stream.alloc_zeros(nh * hd)?,
+            oq: q8vec(gpu, self.int8, nh * hd)?,
             k_cache: gpu.stream.alloc_zeros(self.ctx * nkv * hd)?,
             v_cache: gpu.stream.alloc_zeros(self.ctx * nkv * hd)?,
             scratch: AttnScratch::new(gpu, &dims, nsplit)?,
@@ -357,6 +430,7 @@ impl Builder<'_> {
             z: gpu.stream.alloc_zeros(vd)?,
             ba: gpu.stream.alloc_zeros(2 * dims.n_v)?,
             o: gpu.stream.alloc_zeros(vd)?,
+            oq: q8vec(gpu, self.int8, vd)?,
             ring: gpu.stream.alloc_zeros(dims.conv_kernel * dims.conv_dim())?,
             state: gpu.stream.alloc_zeros(dims.state_len())?,
             dims,
@@ -381,7 +455,7 @@ impl Builder<'_> {
         let shared = w
             .shared
             .as_ref()
-            .map(|s| FfnOp::new(gpu, f, s))
+            .map(|s| FfnOp::new(gpu, f, s, self.int8))
             .transpose()?;
         let shared_gate = match &w.shared_gate {
             Some(g) => Some((
@@ -402,6 +476,16 @@ impl Builder<'_> {
             yg: gpu.stream.alloc_zeros(k * ff)?,
             yu: gpu.stream.alloc_zeros(k * ff)?,
             yd: gpu.stream.alloc_zeros(k * d)?,
+            ygu: if self.int8 && int8_experts(&gate) && gate.layout == up.layout {
+                Some(gpu.stream.alloc_zeros(2 * k * ff)?)
+            } else {
+                None
+            },
+            actq: if int8_experts(&down) {
+                q8vec(gpu, self.int8, k * ff)?
+            } else {
+                None
+            },
             gate,
             up,
             down,
@@ -454,7 +538,7 @@ impl TokenStages for Builder<'_> {
     }
 
     fn dense_ffn(&mut self, layer: usize, w: &DenseFfn) -> Result<(), ModelError> {
-        let op = FfnOp::new(self.gpu, self.file, w)
+        let op = FfnOp::new(self.gpu, self.file, w, self.int8)
             .map_err(|e| be(e.context(format!("layer {layer}"))))?;
         self.ops.push(Op::Dense(Box::new(op)));
         Ok(())
@@ -476,6 +560,9 @@ pub struct DecoderOptions {
     pub ctx: usize,
     /// Slices of the split attention (None: about two blocks per SM).
     pub nsplit: Option<usize>,
+    /// int8 activations for the formats with int8 kernels (faster; the
+    /// CPU fast path's kind of rounding instead of the reference path's).
+    pub int8: bool,
 }
 
 /// One sequence decoded on the GPU, a token per graph replay.
@@ -507,6 +594,7 @@ impl CudaDecoder {
             file: model.file(),
             ctx: opts.ctx,
             nsplit: opts.nsplit,
+            int8: opts.int8,
             ops: Vec::new(),
             embd: None,
             n_vocab: 0,
@@ -521,6 +609,7 @@ impl CudaDecoder {
             mix: gpu.stream.alloc_zeros(d)?,
             logits: gpu.stream.alloc_zeros(n_vocab)?,
             pos: gpu.stream.alloc_zeros(1)?,
+            hq: q8vec(&gpu, opts.int8, d)?,
         };
         gpu.sync()?;
         let (free1, _) = cudarc::driver::result::mem_get_info()?;

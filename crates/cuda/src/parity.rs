@@ -73,11 +73,26 @@ impl Parity {
 
 /// Run `prompt` token by token through the CPU engine (fast path, one
 /// token per forward) and the GPU decoder, comparing the logits at every
-/// step; then `n_greedy` greedy tokens on each from there.
-pub fn parity(gpu: Gpu, model: &Model, prompt: &[u32], n_greedy: usize) -> Result<Parity> {
+/// step; then `n_greedy` greedy tokens on each from there. `int8`: the
+/// decoder's int8-activation mode.
+pub fn parity(
+    gpu: Gpu,
+    model: &Model,
+    prompt: &[u32],
+    n_greedy: usize,
+    int8: bool,
+) -> Result<Parity> {
     ensure!(!prompt.is_empty(), "empty prompt");
     let ctx = prompt.len() + n_greedy + 1;
-    let mut dec = CudaDecoder::new(gpu, model, &DecoderOptions { ctx, nsplit: None })?;
+    let mut dec = CudaDecoder::new(
+        gpu,
+        model,
+        &DecoderOptions {
+            ctx,
+            nsplit: None,
+            int8,
+        },
+    )?;
     let mut s = model.new_session(ctx);
     let mut worst = LogitCmp {
         argmax_equal: true,

@@ -37,7 +37,8 @@ fn decoder_matches_the_cpu_engine_on_the_tiny_fixtures() {
         let mut model = redlite_model::Model::load(file, Default::default()).unwrap();
         model.set_reference(true);
         let prompt: Vec<u32> = (0..16).map(|i| (i * 37 + 11) % 512).collect();
-        let p = redlite_cuda::parity::parity(Gpu::new(0).unwrap(), &model, &prompt, 16).unwrap();
+        let p =
+            redlite_cuda::parity::parity(Gpu::new(0).unwrap(), &model, &prompt, 16, false).unwrap();
         assert!(p.ok(1e-4), "{name}: {p:?}");
     }
 }
