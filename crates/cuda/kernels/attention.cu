@@ -18,9 +18,9 @@
 // 5*GB. The warps then merge in shared memory (fixed order: the result does
 // not depend on scheduling) and write (m, l) and o per head and slice.
 //
-// attn_merge: grid n_head, block 256: out = sum_s e^{m_s-M} o_s /
-// sum_s e^{m_s-M} l_s over slices with l_s > 0, times sigmoid(gate) when
-// gate is given (gate j of head h at gate[h*gate_stride + j]).
+// attn_merge: out = sum_s e^{m_s-M} o_s / sum_s e^{m_s-M} l_s over slices
+// with l_s > 0, times sigmoid(gate) when gate is given (gate j of head h at
+// gate[h*gate_stride + j]).
 #include "common.cuh"
 
 #define ATT_WARPS 8
@@ -49,6 +49,29 @@ __device__ __forceinline__ void allreduce_heads(float* s, int lane) {
 #pragma unroll
         for (int st = 0; st < LG; st++) src |= ((g >> (LG - 1 - st)) & 1) * (16 >> st);
         s[g] = __shfl_sync(0xffffffffu, mine, src);
+    }
+}
+
+// DPL consecutive floats of a row (16- or 8-byte aligned: rows start at
+// multiples of 64 floats and lane l reads from l*DPL).
+template <int DPL>
+__device__ __forceinline__ void load_row(const float* __restrict__ p, float* v) {
+    if (DPL % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < DPL / 4; i++) {
+            const float4 a = __ldg(reinterpret_cast<const float4*>(p) + i);
+            v[4 * i] = a.x;
+            v[4 * i + 1] = a.y;
+            v[4 * i + 2] = a.z;
+            v[4 * i + 3] = a.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < DPL / 2; i++) {
+            const float2 a = __ldg(reinterpret_cast<const float2*>(p) + i);
+            v[2 * i] = a.x;
+            v[2 * i + 1] = a.y;
+        }
     }
 }
 
@@ -92,12 +115,24 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
     const long long stride = (long long)n_kv * HD;
     const float* kb = kc + (long long)kvh * HD + lane * DPL;
     const float* vb = vc + (long long)kvh * HD + lane * DPL;
+    // Rows are loaded one step ahead: the next position's K and V are in
+    // flight while this one is scored.
+    float kn[DPL], vn[DPL];
+    if (start + warp < end) {
+        load_row<DPL>(kb + (start + warp) * stride, kn);
+        load_row<DPL>(vb + (start + warp) * stride, vn);
+    }
     for (int p = start + warp; p < end; p += ATT_WARPS) {
         float kr[DPL], vr[DPL];
 #pragma unroll
         for (int d = 0; d < DPL; d++) {
-            kr[d] = __ldg(kb + p * stride + d);
-            vr[d] = __ldg(vb + p * stride + d);
+            kr[d] = kn[d];
+            vr[d] = vn[d];
+        }
+        const int pn = p + ATT_WARPS;
+        if (pn < end) {
+            load_row<DPL>(kb + pn * stride, kn);
+            load_row<DPL>(vb + pn * stride, vn);
         }
         float s[GB];
 #pragma unroll
@@ -192,25 +227,46 @@ ATTN_SPLIT(2, 8)
 ATTN_SPLIT(4, 8)
 ATTN_SPLIT(8, 8)
 
+// attn_merge: grid (n_head, hd / 64), block 256 = 64 dims x 4 slice
+// groups; group g sums slices g, g+4, ... (unrolled so the loads of several
+// slices are in flight), then the 4 groups are added in shared memory in a
+// fixed order. The max M over the slices is taken cooperatively first.
 extern "C" __global__ void __launch_bounds__(256)
     attn_merge(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                const float* __restrict__ gate, int gate_stride, float* __restrict__ out,
                int nsplit, int hd) {
-    const int h = blockIdx.x;
+    __shared__ float red[256];
+    __shared__ float sacc[4][64], sl[4][64];
+    const int h = blockIdx.x, t = threadIdx.x;
+    const int j = blockIdx.y * 64 + (t & 63), grp = t >> 6;
     const float* ml = part_ml + (long long)h * nsplit * 2;
     float M = -INFINITY;
-    for (int s = 0; s < nsplit; s++) M = fmaxf(M, ml[2 * s]);
-    for (int j = threadIdx.x; j < hd; j += blockDim.x) {
-        float L = 0.0f, acc = 0.0f;
-        for (int s = 0; s < nsplit; s++) {
-            const float l = ml[2 * s + 1];
-            if (l > 0.0f) {
-                const float f = expf(ml[2 * s] - M);
-                L = fmaf(l, f, L);
-                acc = fmaf(f, part_o[((long long)h * nsplit + s) * hd + j], acc);
-            }
-        }
-        float r = acc / L;
+    for (int s = t; s < nsplit; s += 256) M = fmaxf(M, ml[2 * s]);
+    red[t] = M;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if (t < o) red[t] = fmaxf(red[t], red[t + o]);
+        __syncthreads();
+    }
+    M = red[0];
+    float L = 0.0f, acc = 0.0f;
+    const float* po = part_o + (long long)h * nsplit * hd + j;
+#pragma unroll 4
+    for (int s = grp; s < nsplit; s += 4) {
+        const float l = ml[2 * s + 1];
+        const float f = l > 0.0f ? expf(ml[2 * s] - M) : 0.0f;
+        const float o = l > 0.0f ? po[(long long)s * hd] : 0.0f;
+        L = fmaf(l, f, L);
+        acc = fmaf(f, o, acc);
+    }
+    sacc[grp][t & 63] = acc;
+    sl[grp][t & 63] = L;
+    __syncthreads();
+    if (grp == 0) {
+        const int jj = t & 63;
+        const float A = ((sacc[0][jj] + sacc[1][jj]) + sacc[2][jj]) + sacc[3][jj];
+        const float LL = ((sl[0][jj] + sl[1][jj]) + sl[2][jj]) + sl[3][jj];
+        float r = A / LL;
         if (gate) r = __fmul_rn(r, sigmoid_f(gate[(long long)h * gate_stride + j]));
         out[(long long)h * hd + j] = r;
     }

@@ -6,12 +6,17 @@
 // `res` (nullable): the residual add fused in front: x += res first, and
 // the sum is written back to x (h = x + mixer; out = norm(h)).
 //
+// `q`, `qd` (nullable): the output also quantized for the int8 GEMV
+// kernels, as quantize_q8.cu does (per 32 values d = max|v| / 127, q =
+// round(v / d)), so no separate launch is needed; needs d % 32 == 0.
+//
 // Launch: grid rows, block a multiple of 32 (<= 1024).
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
     rms_norm(float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ w,
-             float* __restrict__ out, int d, float eps, int add_one) {
+             float* __restrict__ out, signed char* __restrict__ q, float* __restrict__ qd, int d,
+             float eps, int add_one) {
     __shared__ double scratch[32];
     const long long row = blockIdx.x;
     x += row * d;
@@ -28,8 +33,21 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
     ss = block_sum_f64(ss, scratch);
     const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    if (q) {
+        q += row * d;
+        qd += row * (d / 32);
+    }
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         const float wj = add_one ? __fadd_rn(1.0f, w[j]) : w[j];
-        out[j] = __fmul_rn(__fmul_rn(x[j], s), wj);
+        const float v = __fmul_rn(__fmul_rn(x[j], s), wj);
+        out[j] = v;
+        if (q) {  // a warp holds 32 consecutive, 32-aligned j (d % 32 == 0)
+            float a = fabsf(v);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+            const float id = a > 0.f ? 127.f / a : 0.f;
+            q[j] = (signed char)__float2int_rn(v * id);
+            if ((j & 31) == 0) qd[j >> 5] = a / 127.f;
+        }
     }
 }

@@ -128,6 +128,8 @@ struct FfnOp {
     g: CudaSlice<f32>,
     u: CudaSlice<f32>,
     gq: Option<Q8Vec>,
+    /// int8 mode: gate|up in one launch.
+    gu: Option<CudaSlice<f32>>,
     out: CudaSlice<f32>,
 }
 
@@ -182,6 +184,15 @@ impl FfnOp {
             u: gpu.stream.alloc_zeros(up.rows)?,
             out: gpu.stream.alloc_zeros(down.rows)?,
             gq: q8vec(gpu, int8, gate.rows)?,
+            gu: if int8
+                && Q8_TYPES.contains(&gate.layout.ty)
+                && gate.layout == up.layout
+                && (gate.rows, gate.cols) == (up.rows, up.cols)
+            {
+                Some(gpu.stream.alloc_zeros(2 * gate.rows)?)
+            } else {
+                None
+            },
             gate,
             up,
             down,
@@ -190,9 +201,18 @@ impl FfnOp {
 
     /// `out = down(SiLU(gate h) * up h)`.
     fn run(&mut self, gpu: &Gpu, h: &CudaSlice<f32>, hq: Option<&Q8Vec>) -> Result<()> {
-        mv(gpu, &self.gate, h, hq, &mut self.g)?;
-        mv(gpu, &self.up, h, hq, &mut self.u)?;
-        ops::swiglu(gpu, (&self.g, 0), (&self.u, 0), &self.g, self.gate.rows)?;
+        let ff = self.gate.rows;
+        match (&mut self.gu, hq) {
+            (Some(gu), Some(hq)) if hq.n >= self.gate.cols => {
+                self.gate.gemv_q8_pair(&self.up, gpu, hq, gu, DEFAULT_NR)?;
+                ops::swiglu(gpu, (gu, 0), (gu, ff), &self.g, ff)?;
+            }
+            _ => {
+                mv(gpu, &self.gate, h, hq, &mut self.g)?;
+                mv(gpu, &self.up, h, hq, &mut self.u)?;
+                ops::swiglu(gpu, (&self.g, 0), (&self.u, 0), &self.g, ff)?;
+            }
+        }
         quantize(gpu, &mut self.gq, &self.g)?;
         mv(gpu, &self.down, &self.g, self.gq.as_ref(), &mut self.out)
     }
@@ -204,8 +224,18 @@ impl Op {
         match self {
             Op::Norm { w, eps, add_mix } => {
                 let res = add_mix.then_some(&b.mix);
-                ops::rms_norm(gpu, &b.x, res, w, Some(&b.h), 1, d, *eps, false)?;
-                quantize(gpu, &mut b.hq, &b.h)
+                ops::rms_norm(
+                    gpu,
+                    &b.x,
+                    res,
+                    w,
+                    Some(&b.h),
+                    b.hq.as_ref(),
+                    1,
+                    d,
+                    *eps,
+                    false,
+                )
             }
             Op::Attn(a) => {
                 let hq = b.hq.as_ref();
@@ -315,7 +345,7 @@ impl Op {
                 ops::add_inplace(gpu, &b.x, &f.out, d)
             }
             Op::Head { norm, eps, w } => {
-                ops::rms_norm(gpu, &b.x, None, norm, Some(&b.h), 1, d, *eps, false)?;
+                ops::rms_norm(gpu, &b.x, None, norm, Some(&b.h), None, 1, d, *eps, false)?;
                 w.gemv(gpu, &b.h, &mut b.logits, DEFAULT_NR)
             }
         }

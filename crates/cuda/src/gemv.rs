@@ -259,6 +259,48 @@ impl DeviceMatrix {
     }
 }
 
+impl DeviceMatrix {
+    /// `y[..rows] = self·x` and `y[rows..2*rows] = other·x` in one launch
+    /// (int8 activations; both matrices of one format and shape: an FFN's
+    /// gate and up).
+    pub fn gemv_q8_pair(
+        &self,
+        other: &DeviceMatrix,
+        gpu: &Gpu,
+        x: &Q8Vec,
+        y: &mut CudaSlice<f32>,
+        nr: impl Into<Q8Variant>,
+    ) -> Result<()> {
+        ensure!(
+            self.layout == other.layout
+                && (self.rows, self.cols, self.bytes()) == (other.rows, other.cols, other.bytes()),
+            "gemv_q8_pair: the matrices differ in format or shape"
+        );
+        ensure!(
+            x.n >= self.cols && y.len() >= 2 * self.rows,
+            "gemv_q8_pair: short x or y"
+        );
+        launch_q8(
+            gpu,
+            Q8Launch {
+                layout: &self.layout,
+                v: nr.into(),
+                w0: &self.buf,
+                w1: &other.buf,
+                n_first: 1,
+                mat_bytes: self.bytes() as u64,
+                slots: None,
+                n_mats: 2,
+                x,
+                x_stride: 0,
+                rows: self.rows,
+                cols: self.cols,
+            },
+            y,
+        )
+    }
+}
+
 /// The experts of one stacked tensor (e.g. `blk.N.ffn_up_exps`), each a
 /// `rows` x `cols` matrix in its own slot of `stride` bytes (256-byte
 /// aligned). Which expert sits in which slot is the

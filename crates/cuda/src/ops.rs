@@ -62,7 +62,8 @@ fn i32_of(n: usize) -> Result<i32> {
 }
 
 /// `out[r] = x[r] * s * w` per row of `d` (rows = x.len() / d); with `res`,
-/// `x += res` first (written back). `out` None: in place.
+/// `x += res` first (written back). `out` None: in place. `q8`: the output
+/// also quantized for the int8 kernels (one launch for both).
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm(
     gpu: &Gpu,
@@ -70,27 +71,31 @@ pub fn rms_norm(
     res: Option<&CudaSlice<f32>>,
     w: &CudaSlice<f32>,
     out: Option<&CudaSlice<f32>>,
+    q8: Option<&crate::gemv::Q8Vec>,
     rows: usize,
     d: usize,
     eps: f32,
     add_one: bool,
 ) -> Result<()> {
     ensure!(rows >= 1 && d >= 1 && x.len() >= rows * d && w.len() >= d);
+    ensure!(q8.is_none_or(|q| q.n >= rows * d && d.is_multiple_of(32)));
     ensure!(res.is_none_or(|r| r.len() >= rows * d));
     ensure!(out.is_none_or(|o| o.len() >= rows * d));
     let (xp, rp, wp) = (dptr(gpu, Some(x)), dptr(gpu, res), dptr(gpu, Some(w)));
     let op = out.map_or(xp, |o| dptr(gpu, Some(o)));
     let (d_i, one) = (i32_of(d)?, add_one as i32);
+    let (qp, qdp) = (dptr(gpu, q8.map(|q| &q.q)), dptr(gpu, q8.map(|q| &q.d)));
     let block = if d >= 1024 { 1024 } else { 256 };
     // SAFETY: rms_norm(float* x, const float* res, const float* w, float*
-    // out, int d, float eps, int add_one); x, res, out hold rows*d floats
-    // and w d floats (checked above).
+    // out, i8* q, float* qd, int d, float eps, int add_one); x, res, out
+    // hold rows*d floats, w d floats, q rows*d bytes and qd rows*d/32
+    // floats with d % 32 == 0 (checked above).
     unsafe {
         launch(
             gpu,
             "rms_norm",
             cfg((rows as u32, 1), block),
-            &[&xp, &rp, &wp, &op, &d_i, &eps, &one],
+            &[&xp, &rp, &wp, &op, &qp, &qdp, &d_i, &eps, &one],
         )
     }
 }
@@ -214,11 +219,12 @@ impl AttnScratch {
     }
 }
 
-/// Slices for a device with `sms` multiprocessors: about two blocks per
-/// SM over the KV heads and head groups.
+/// Slices for a device with `sms` multiprocessors: one wave of blocks (one
+/// block per SM over the KV heads and head groups: the 8-head kernel holds
+/// ~200 registers a thread, one 256-thread block per SM).
 pub fn default_nsplit(a: &AttnDims, sms: usize) -> usize {
     let groups = a.n_kv * (a.n_head / a.n_kv / a.heads_per_block());
-    (2 * sms).div_ceil(groups).clamp(1, 256)
+    sms.div_ceil(groups).clamp(1, 256)
 }
 
 /// Decode attention of the query `q` (`n_head x hd`) over positions
@@ -276,14 +282,15 @@ pub fn attention(
     );
     let (gs, hd_i) = (2 * hd as i32, hd as i32);
     // SAFETY: attn_merge(part_o, part_ml, gate, gate_stride, out, nsplit,
-    // hd): gate (when given) points at the first gate value of q_full
+    // hd), grid (n_head, hd/64) with hd a multiple of 64 (AttnDims::check):
+    // gate (when given) points at the first gate value of q_full
     // (query values of head 0 skipped), head h's at h*2*hd; out holds
     // n_head*hd floats (checked above).
     unsafe {
         launch(
             gpu,
             "attn_merge",
-            cfg((nh as u32, 1), 256),
+            cfg((nh as u32, (hd / 64) as u32), 256),
             &[&p[4], &p[5], &gp, &gs, &op, &ns_i, &hd_i],
         )
     }

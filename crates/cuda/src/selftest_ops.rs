@@ -33,6 +33,7 @@ fn scaled(n: usize, lo: f32, hi: f32, rng: &mut Rng) -> Vec<f32> {
 /// Every decode kernel; rows appended to `out`.
 pub fn run(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
     out.push(rms_norm(gpu, rng)?);
+    out.push(rms_norm_q8(gpu, rng)?);
     out.push(attn_prep(gpu, rng)?);
     out.extend(attention(gpu, rng)?);
     out.push(deltanet(gpu, rng)?);
@@ -56,10 +57,53 @@ fn rms_norm(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
                 nan(gpu, rows * d)?,
             );
             let rdo = with_res.then_some(&rd);
-            ops::rms_norm(gpu, &xd, rdo, &wd, Some(&od), rows, d, 1e-6, add_one)?;
+            ops::rms_norm(gpu, &xd, rdo, &wd, Some(&od), None, rows, d, 1e-6, add_one)?;
             fold(&mut w, compare(&down(gpu, &od)?, &want));
             fold(&mut w, compare(&down(gpu, &xd)?, &xs));
         }
+    }
+    Ok(w)
+}
+
+/// rms_norm with the int8 output fused: the f32 output against the f64
+/// reference, q and d against the CPU model of quantize_q8_32 applied to
+/// that output (abs = worst |q - q_cpu|, at most 1 at a rounding tie).
+fn rms_norm_q8(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
+    let mut w = Worst::new("rms_norm + fused int8 output".into());
+    for (rows, d) in [(1, 2048), (4, 256), (2, 4096)] {
+        let x = random_vec(rows * d, rng);
+        let wt = scaled(d, 0.5, 1.5, rng);
+        let (_, want) = r::rms_norm(&x, None, &wt, d, 1e-6, false);
+        let (xd, wd, od) = (up(gpu, &x)?, up(gpu, &wt)?, nan(gpu, rows * d)?);
+        let q8 = crate::gemv::Q8Vec::new(gpu, rows * d)?;
+        ops::rms_norm(
+            gpu,
+            &xd,
+            None,
+            &wd,
+            Some(&od),
+            Some(&q8),
+            rows,
+            d,
+            1e-6,
+            false,
+        )?;
+        let out = down(gpu, &od)?;
+        let (_, rel, ok) = compare(&out, &want);
+        let (q, qd) = (gpu.stream.clone_dtoh(&q8.q)?, gpu.stream.clone_dtoh(&q8.d)?);
+        let (cq, cd) = crate::testdata::quantize_q8_32(&out);
+        let dq = q
+            .iter()
+            .zip(&cq)
+            .map(|(&a, &b)| (a as i32 - b as i32).abs())
+            .max()
+            .unwrap_or(0);
+        let dd = qd
+            .iter()
+            .zip(&cd)
+            .map(|(&a, &b)| ((a - b) as f64).abs())
+            .fold(0f64, f64::max);
+        fold(&mut w, (dq as f64, rel.max(dd), ok && dq <= 1));
     }
     Ok(w)
 }
