@@ -20,7 +20,8 @@
 //
 // attn_merge: out = sum_s e^{m_s-M} o_s / sum_s e^{m_s-M} l_s over slices
 // with l_s > 0, times sigmoid(gate) when gate is given (gate j of head h at
-// gate[h*gate_stride + j]).
+// gate[h*gate_stride + j]); q8, q8d (nullable): the output also as int8
+// activations for the output projection (common.cuh warp_q8).
 #include "common.cuh"
 
 #define ATT_WARPS 8
@@ -234,7 +235,7 @@ ATTN_SPLIT(8, 8)
 extern "C" __global__ void __launch_bounds__(256)
     attn_merge(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                const float* __restrict__ gate, int gate_stride, float* __restrict__ out,
-               int nsplit, int hd) {
+               signed char* __restrict__ q8, float* __restrict__ q8d, int nsplit, int hd) {
     __shared__ float red[256];
     __shared__ float sacc[4][64], sl[4][64];
     const int h = blockIdx.x, t = threadIdx.x;
@@ -269,5 +270,6 @@ extern "C" __global__ void __launch_bounds__(256)
         float r = A / LL;
         if (gate) r = __fmul_rn(r, sigmoid_f(gate[(long long)h * gate_stride + j]));
         out[(long long)h * hd + j] = r;
+        if (q8) warp_q8(r, h * hd + j, q8, q8d);  // threads 0..63: two whole warps
     }
 }

@@ -66,3 +66,16 @@ __device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
 // (crates/cpu/src/ops.rs): 1 / (1 + e^-x), IEEE division.
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_f(float x) { return __fmul_rn(x, sigmoid_f(x)); }
+
+// int8 activations for the GEMV kernels, written where a vector is produced
+// (as quantize_q8.cu does): the 32 lanes of a full warp hold v for the 32
+// consecutive, 32-aligned indices i; per 32: d = max|v| / 127, q = round(v/d).
+__device__ __forceinline__ void warp_q8(float v, int i, signed char* __restrict__ q,
+                                        float* __restrict__ qd) {
+    float a = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    const float id = a > 0.f ? 127.f / a : 0.f;
+    q[i] = (signed char)__float2int_rn(v * id);
+    if ((i & 31) == 0) qd[i >> 5] = a / 127.f;
+}

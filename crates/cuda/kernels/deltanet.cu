@@ -16,7 +16,8 @@
 //         pos-K+1..pos-1), so the value heads sharing a key head can run in
 //         any order; the q/k channels are written by the first of them.
 //   state [n_v][dk][dv] (S[i][j]: key index i, value index j)
-// Output: out[h*dv + j].
+// Output: out[h*dv + j]; q8, q8d (nullable): also as int8 activations for
+// the ssm_out GEMV (common.cuh warp_q8; dv % 32 == 0).
 //
 // Threads: (j = t % dv, p = t / dv): column j of the state, rows p, p+P, ...
 // (P = blockDim / dv), held in registers across the update.
@@ -34,7 +35,8 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
              const float* __restrict__ ba, const float* __restrict__ conv_w,
              const float* __restrict__ dt_bias, const float* __restrict__ ssm_a,
              const float* __restrict__ norm_w, float* __restrict__ ring,
-             float* __restrict__ state, float* __restrict__ out, const int* __restrict__ pos_p,
+             float* __restrict__ state, float* __restrict__ out, signed char* __restrict__ q8,
+             float* __restrict__ q8d, const int* __restrict__ pos_p,
              int n_k, int n_v, int dk, int dv, int K, float eps, float l2_eps) {
     __shared__ double scratch[32];
     __shared__ float sq[256], sk[256], sv[512], red[GDN_THREADS], sdelta[512];
@@ -131,6 +133,9 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
     const float s = (float)(1.0 / sqrt(ss / (double)dv + (double)eps));
     if (p == 0) {
         const float zz = z[(long long)h * dv + j];
-        out[(long long)h * dv + j] = __fmul_rn(__fmul_rn(__fmul_rn(oj, s), norm_w[j]), silu_f(zz));
+        const float y = __fmul_rn(__fmul_rn(__fmul_rn(oj, s), norm_w[j]), silu_f(zz));
+        out[(long long)h * dv + j] = y;
+        // threads 0..dv-1: whole warps of consecutive j (dv % 32 == 0)
+        if (q8) warp_q8(y, h * dv + j, q8, q8d);
     }
 }

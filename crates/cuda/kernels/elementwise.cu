@@ -1,7 +1,8 @@
 // Element-wise decode helpers, each with the CPU's operation order
 // (crates/cpu/src/ops.rs, crates/model/src/blocks/moe.rs).
 //
-// swiglu:      out[i] = SiLU(g[i]) * u[i]
+// swiglu:      out[i] = SiLU(g[i]) * u[i]; q, qd (nullable): out also as
+//              int8 activations (common.cuh warp_q8; n % 32 == 0)
 // add_inplace: x[i] += y[i]
 // moe_combine: x[j] += (sum_i w[i] * ys[i*d + j]) + sh[j] * sigmoid(*sh_logit)
 //              (the routed sum in the router's ascending expert order; sh
@@ -10,9 +11,13 @@
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
-    swiglu(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out, int n) {
+    swiglu(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out,
+           signed char* __restrict__ q, float* __restrict__ qd, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = __fmul_rn(silu_f(g[i]), u[i]);
+    if (i >= n) return;  // whole warps when q is given (n % 32 == 0)
+    const float v = __fmul_rn(silu_f(g[i]), u[i]);
+    out[i] = v;
+    if (q) warp_q8(v, i, q, qd);
 }
 
 extern "C" __global__ void __launch_bounds__(256)

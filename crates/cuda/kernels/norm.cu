@@ -41,13 +41,6 @@ extern "C" __global__ void __launch_bounds__(1024)
         const float wj = add_one ? __fadd_rn(1.0f, w[j]) : w[j];
         const float v = __fmul_rn(__fmul_rn(x[j], s), wj);
         out[j] = v;
-        if (q) {  // a warp holds 32 consecutive, 32-aligned j (d % 32 == 0)
-            float a = fabsf(v);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-            const float id = a > 0.f ? 127.f / a : 0.f;
-            q[j] = (signed char)__float2int_rn(v * id);
-            if ((j & 31) == 0) qd[j >> 5] = a / 127.f;
-        }
+        if (q) warp_q8(v, j, q, qd);  // a warp: 32 consecutive, aligned j (d % 32 == 0)
     }
 }

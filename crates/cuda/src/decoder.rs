@@ -205,15 +205,15 @@ impl FfnOp {
         match (&mut self.gu, hq) {
             (Some(gu), Some(hq)) if hq.n >= self.gate.cols => {
                 self.gate.gemv_q8_pair(&self.up, gpu, hq, gu, DEFAULT_NR)?;
-                ops::swiglu(gpu, (gu, 0), (gu, ff), &self.g, ff)?;
+                ops::swiglu(gpu, (gu, 0), (gu, ff), &self.g, self.gq.as_ref(), ff)?;
             }
             _ => {
                 mv(gpu, &self.gate, h, hq, &mut self.g)?;
                 mv(gpu, &self.up, h, hq, &mut self.u)?;
-                ops::swiglu(gpu, (&self.g, 0), (&self.u, 0), &self.g, ff)?;
+                ops::swiglu(gpu, (&self.g, 0), (&self.u, 0), &self.g, None, ff)?;
+                quantize(gpu, &mut self.gq, &self.g)?;
             }
         }
-        quantize(gpu, &mut self.gq, &self.g)?;
         mv(gpu, &self.down, &self.g, self.gq.as_ref(), &mut self.out)
     }
 }
@@ -259,10 +259,18 @@ impl Op {
                 )?;
                 let gate = a.dims.gated.then_some(&a.q_full);
                 ops::attention(
-                    gpu, &a.dims, &a.q, &a.k_cache, &a.v_cache, &b.pos, &a.scratch, gate, &a.o,
+                    gpu,
+                    &a.dims,
+                    &a.q,
+                    &a.k_cache,
+                    &a.v_cache,
+                    &b.pos,
+                    &a.scratch,
+                    gate,
+                    &a.o,
+                    a.oq.as_ref(),
                     a.scale,
                 )?;
-                quantize(gpu, &mut a.oq, &a.o)?;
                 mv(gpu, &a.wo, &a.o, a.oq.as_ref(), &mut b.mix)
             }
             Op::Gdn(g) => {
@@ -277,10 +285,20 @@ impl Op {
                     norm_w: &g.norm_w,
                 };
                 ops::gdn_step(
-                    gpu, &g.dims, &w, &g.qkv, &g.z, &g.ba, &g.ring, &g.state, &g.o, &b.pos, g.eps,
+                    gpu,
+                    &g.dims,
+                    &w,
+                    &g.qkv,
+                    &g.z,
+                    &g.ba,
+                    &g.ring,
+                    &g.state,
+                    &g.o,
+                    g.oq.as_ref(),
+                    &b.pos,
+                    g.eps,
                     L2_EPS,
                 )?;
-                quantize(gpu, &mut g.oq, &g.o)?;
                 mv(gpu, &g.w_out, &g.o, g.oq.as_ref(), &mut b.mix)
             }
             Op::Moe(m) => {
@@ -304,18 +322,17 @@ impl Op {
                         ExpertStack::gemv_gate_up_q8(
                             &m.gate, &m.up, gpu, &m.slots, m.k, hq, ygu, DEFAULT_NR,
                         )?;
-                        ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, kf)?;
+                        ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, m.actq.as_ref(), kf)?;
                     }
                     _ => {
                         m.gate
                             .gemv(gpu, &m.slots, m.k, &b.h, 0, &mut m.yg, DEFAULT_NR)?;
                         m.up.gemv(gpu, &m.slots, m.k, &b.h, 0, &mut m.yu, DEFAULT_NR)?;
-                        ops::swiglu(gpu, (&m.yg, 0), (&m.yu, 0), &m.yg, kf)?;
+                        ops::swiglu(gpu, (&m.yg, 0), (&m.yu, 0), &m.yg, m.actq.as_ref(), kf)?;
                     }
                 }
-                match &mut m.actq {
+                match &m.actq {
                     Some(q) => {
-                        q.quantize(gpu, &m.yg)?;
                         m.down
                             .gemv_q8(gpu, &m.slots, m.k, q, ff, &mut m.yd, DEFAULT_NR)?;
                     }
@@ -460,7 +477,7 @@ impl Builder<'_> {
             z: gpu.stream.alloc_zeros(vd)?,
             ba: gpu.stream.alloc_zeros(2 * dims.n_v)?,
             o: gpu.stream.alloc_zeros(vd)?,
-            oq: q8vec(gpu, self.int8, vd)?,
+            oq: q8vec(gpu, self.int8 && dims.dv.is_multiple_of(32), vd)?,
             ring: gpu.stream.alloc_zeros(dims.conv_kernel * dims.conv_dim())?,
             state: gpu.stream.alloc_zeros(dims.state_len())?,
             dims,

@@ -9,6 +9,7 @@
 //! The float64 references of every kernel are in [`crate::reference`].
 
 use crate::device::Gpu;
+use crate::gemv::Q8Vec;
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
@@ -18,6 +19,11 @@ pub fn dptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
         Some(s) => s.device_ptr(&gpu.stream).0,
         None => 0,
     }
+}
+
+/// Raw pointers of an int8 activation buffer (null, null for `None`).
+fn q8ptrs(gpu: &Gpu, q8: Option<&Q8Vec>) -> (u64, u64) {
+    (dptr(gpu, q8.map(|q| &q.q)), dptr(gpu, q8.map(|q| &q.d)))
 }
 
 fn cfg(grid: (u32, u32), block: u32) -> LaunchConfig {
@@ -71,7 +77,7 @@ pub fn rms_norm(
     res: Option<&CudaSlice<f32>>,
     w: &CudaSlice<f32>,
     out: Option<&CudaSlice<f32>>,
-    q8: Option<&crate::gemv::Q8Vec>,
+    q8: Option<&Q8Vec>,
     rows: usize,
     d: usize,
     eps: f32,
@@ -241,9 +247,12 @@ pub fn attention(
     scratch: &AttnScratch,
     gate: Option<&CudaSlice<f32>>,
     out: &CudaSlice<f32>,
+    q8: Option<&Q8Vec>,
     scale: f32,
 ) -> Result<()> {
     a.check()?;
+    ensure!(q8.is_none_or(|q| q.n >= a.n_head * a.hd));
+    let (qp, qdp) = q8ptrs(gpu, q8);
     let (nh, nkv, hd) = (a.n_head, a.n_kv, a.hd);
     ensure!(q.len() >= nh * hd && out.len() >= nh * hd && !pos.is_empty());
     ensure!(k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(nkv * hd));
@@ -281,8 +290,8 @@ pub fn attention(
         dptr(gpu, Some(out)),
     );
     let (gs, hd_i) = (2 * hd as i32, hd as i32);
-    // SAFETY: attn_merge(part_o, part_ml, gate, gate_stride, out, nsplit,
-    // hd), grid (n_head, hd/64) with hd a multiple of 64 (AttnDims::check):
+    // SAFETY: attn_merge(part_o, part_ml, gate, gate_stride, out, q8,
+    // q8d, nsplit, hd) (q8: n_head*hd values, checked above), grid (n_head, hd/64) with hd a multiple of 64 (AttnDims::check):
     // gate (when given) points at the first gate value of q_full
     // (query values of head 0 skipped), head h's at h*2*hd; out holds
     // n_head*hd floats (checked above).
@@ -291,7 +300,7 @@ pub fn attention(
             gpu,
             "attn_merge",
             cfg((nh as u32, (hd / 64) as u32), 256),
-            &[&p[4], &p[5], &gp, &gs, &op, &ns_i, &hd_i],
+            &[&p[4], &p[5], &gp, &gs, &op, &qp, &qdp, &ns_i, &hd_i],
         )
     }
 }
@@ -366,11 +375,14 @@ pub fn gdn_step(
     ring: &CudaSlice<f32>,
     state: &CudaSlice<f32>,
     out: &CudaSlice<f32>,
+    q8: Option<&Q8Vec>,
     pos: &CudaSlice<i32>,
     eps: f32,
     l2_eps: f32,
 ) -> Result<()> {
     s.check()?;
+    ensure!(q8.is_none_or(|q| q.n >= s.n_v * s.dv && s.dv.is_multiple_of(32)));
+    let (qp, qdp) = q8ptrs(gpu, q8);
     let (cd, vd) = (s.conv_dim(), s.n_v * s.dv);
     ensure!(qkv.len() >= cd && z.len() >= vd && ba.len() >= 2 * s.n_v && out.len() >= vd);
     ensure!(ring.len() >= s.conv_kernel * cd && state.len() >= s.state_len());
@@ -397,7 +409,7 @@ pub fn gdn_step(
         s.conv_kernel as i32,
     ];
     // SAFETY: gdn_step(qkv, z, ba, conv_w, dt_bias, ssm_a, norm_w, ring,
-    // state, out, pos, n_k, n_v, dk, dv, K, eps, l2_eps); every buffer's
+    // state, out, q8, q8d, pos, n_k, n_v, dk, dv, K, eps, l2_eps); every buffer's
     // size is checked above against the shapes, and the shapes against the
     // kernel's limits (GdnDims::check).
     unsafe {
@@ -406,8 +418,8 @@ pub fn gdn_step(
             "gdn_step",
             cfg((s.n_v as u32, 1), GDN_THREADS as u32),
             &[
-                &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10],
-                &d[0], &d[1], &d[2], &d[3], &d[4], &eps, &l2_eps,
+                &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &qp, &qdp,
+                &p[10], &d[0], &d[1], &d[2], &d[3], &d[4], &eps, &l2_eps,
             ],
         )
     }
@@ -453,27 +465,32 @@ pub fn router_topk(
     }
 }
 
-/// `out = SiLU(g) * u` over `n` values (out may be g).
+/// `out = SiLU(g) * u` over `n` values (out may be g); `q8`: out also as
+/// int8 activations.
 pub fn swiglu(
     gpu: &Gpu,
     g: (&CudaSlice<f32>, usize),
     u: (&CudaSlice<f32>, usize),
     out: &CudaSlice<f32>,
+    q8: Option<&Q8Vec>,
     n: usize,
 ) -> Result<()> {
     ensure!(g.0.len() >= g.1 + n && u.0.len() >= u.1 + n && out.len() >= n && n >= 1);
+    ensure!(q8.is_none_or(|q| q.n >= n && n.is_multiple_of(32)));
+    let (qp, qdp) = q8ptrs(gpu, q8);
     let gp = dptr(gpu, Some(g.0)) + 4 * g.1 as u64;
     let up = dptr(gpu, Some(u.0)) + 4 * u.1 as u64;
     let op = dptr(gpu, Some(out));
     let n_i = i32_of(n)?;
-    // SAFETY: swiglu(g, u, out, n): g and u hold n floats from their
-    // offsets, out n floats (checked above).
+    // SAFETY: swiglu(g, u, out, q, qd, n): g and u hold n floats from
+    // their offsets, out n floats, q/qd (when given) n values with n % 32
+    // == 0 (checked above).
     unsafe {
         launch(
             gpu,
             "swiglu",
             cfg(((n as u32).div_ceil(256), 1), 256),
-            &[&gp, &up, &op, &n_i],
+            &[&gp, &up, &op, &qp, &qdp, &n_i],
         )
     }
 }

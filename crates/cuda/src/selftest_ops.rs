@@ -4,6 +4,7 @@
 //! poisoned with NaN first.
 
 use crate::device::Gpu;
+use crate::gemv::Q8Vec;
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
 use crate::reference::{self as r, GdnShape, GdnStepInputs};
 use crate::selftest::{compare, fold, Worst};
@@ -32,13 +33,40 @@ fn scaled(n: usize, lo: f32, hi: f32, rng: &mut Rng) -> Vec<f32> {
 
 /// Every decode kernel; rows appended to `out`.
 pub fn run(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
+    let mut q8w = Worst::new(
+        "int8 outputs fused into rms_norm, swiglu, gdn_step, attn_merge (abs: worst |q - q_cpu|)"
+            .into(),
+    );
     out.push(rms_norm(gpu, rng)?);
-    out.push(rms_norm_q8(gpu, rng)?);
+    rms_norm_q8(gpu, rng, &mut q8w)?;
     out.push(attn_prep(gpu, rng)?);
-    out.extend(attention(gpu, rng)?);
-    out.push(deltanet(gpu, rng)?);
+    out.extend(attention(gpu, rng, &mut q8w)?);
+    out.push(deltanet(gpu, rng, &mut q8w)?);
     out.push(router(gpu, rng)?);
-    out.push(elementwise(gpu, rng)?);
+    out.push(elementwise(gpu, rng, &mut q8w)?);
+    out.push(q8w);
+    Ok(())
+}
+
+/// q and d of a fused int8 output against the CPU model of
+/// quantize_q8_32 applied to the kernel's own f32 output (q within 1: a
+/// rounding tie; rel = worst relative difference of d).
+fn check_q8(gpu: &Gpu, out: &[f32], q8: &Q8Vec, w: &mut Worst) -> Result<()> {
+    gpu.sync()?;
+    let (q, qd) = (gpu.stream.clone_dtoh(&q8.q)?, gpu.stream.clone_dtoh(&q8.d)?);
+    let (cq, cd) = crate::testdata::quantize_q8_32(&out[..q8.n]);
+    let dq = q
+        .iter()
+        .zip(&cq)
+        .map(|(&a, &b)| (a as i32 - b as i32).abs())
+        .max()
+        .unwrap_or(0);
+    let dd = qd
+        .iter()
+        .zip(&cd)
+        .map(|(&a, &b)| ((a - b) as f64).abs() / (b as f64).max(1e-30))
+        .fold(0f64, f64::max);
+    fold(w, (dq as f64, dd, dq <= 1));
     Ok(())
 }
 
@@ -68,14 +96,13 @@ fn rms_norm(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
 /// rms_norm with the int8 output fused: the f32 output against the f64
 /// reference, q and d against the CPU model of quantize_q8_32 applied to
 /// that output (abs = worst |q - q_cpu|, at most 1 at a rounding tie).
-fn rms_norm_q8(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
-    let mut w = Worst::new("rms_norm + fused int8 output".into());
+fn rms_norm_q8(gpu: &Gpu, rng: &mut Rng, w: &mut Worst) -> Result<()> {
     for (rows, d) in [(1, 2048), (4, 256), (2, 4096)] {
         let x = random_vec(rows * d, rng);
         let wt = scaled(d, 0.5, 1.5, rng);
         let (_, want) = r::rms_norm(&x, None, &wt, d, 1e-6, false);
         let (xd, wd, od) = (up(gpu, &x)?, up(gpu, &wt)?, nan(gpu, rows * d)?);
-        let q8 = crate::gemv::Q8Vec::new(gpu, rows * d)?;
+        let q8 = Q8Vec::new(gpu, rows * d)?;
         ops::rms_norm(
             gpu,
             &xd,
@@ -90,22 +117,10 @@ fn rms_norm_q8(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
         )?;
         let out = down(gpu, &od)?;
         let (_, rel, ok) = compare(&out, &want);
-        let (q, qd) = (gpu.stream.clone_dtoh(&q8.q)?, gpu.stream.clone_dtoh(&q8.d)?);
-        let (cq, cd) = crate::testdata::quantize_q8_32(&out);
-        let dq = q
-            .iter()
-            .zip(&cq)
-            .map(|(&a, &b)| (a as i32 - b as i32).abs())
-            .max()
-            .unwrap_or(0);
-        let dd = qd
-            .iter()
-            .zip(&cd)
-            .map(|(&a, &b)| ((a - b) as f64).abs())
-            .fold(0f64, f64::max);
-        fold(&mut w, (dq as f64, rel.max(dd), ok && dq <= 1));
+        w.all_written &= ok && rel < 1e-4;
+        check_q8(gpu, &out, &q8, w)?;
     }
-    Ok(w)
+    Ok(())
 }
 
 fn attn_prep(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
@@ -193,7 +208,7 @@ fn attn_prep(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
     Ok(w)
 }
 
-fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
+fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec<Worst>> {
     let mut rows = Vec::new();
     let shapes = [
         AttnDims {
@@ -270,6 +285,7 @@ fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
                 let posd = up(gpu, &[(n - 1) as i32])?;
                 let sc = AttnScratch::new(gpu, &a, nsplit)?;
                 let od = nan(gpu, a.n_head * hd)?;
+                let q8 = Q8Vec::new(gpu, a.n_head * hd)?;
                 ops::attention(
                     gpu,
                     &a,
@@ -280,9 +296,12 @@ fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
                     &sc,
                     a.gated.then_some(&qfd),
                     &od,
+                    Some(&q8),
                     scale,
                 )?;
-                fold(&mut w, compare(&down(gpu, &od)?, &want));
+                let o = down(gpu, &od)?;
+                fold(&mut w, compare(&o, &want));
+                check_q8(gpu, &o, &q8, q8w)?;
                 if n > 4097 {
                     break; // one split count at the longest length (the f64 reference is slow)
                 }
@@ -293,7 +312,7 @@ fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
     Ok(rows)
 }
 
-fn deltanet(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
+fn deltanet(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
     let mut w = Worst::new(
         "gdn_step (conv+SiLU, L2 norms, gates, state, gated norm; out and state)".into(),
     );
@@ -366,6 +385,7 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             let (qd, zd, bd) = (up(gpu, &qkv)?, up(gpu, &z)?, up(gpu, &ba)?);
             let posd = up(gpu, &[pos as i32])?;
             let od = nan(gpu, vd)?;
+            let q8 = (s.dv % 32 == 0).then(|| Q8Vec::new(gpu, vd)).transpose()?;
             let wts = GdnWeights {
                 conv_w: &cw,
                 dt_bias: &dtb,
@@ -373,9 +393,25 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
                 norm_w: &nw,
             };
             ops::gdn_step(
-                gpu, &d, &wts, &qd, &zd, &bd, &ringd, &std, &od, &posd, 1e-6, 1e-6,
+                gpu,
+                &d,
+                &wts,
+                &qd,
+                &zd,
+                &bd,
+                &ringd,
+                &std,
+                &od,
+                q8.as_ref(),
+                &posd,
+                1e-6,
+                1e-6,
             )?;
-            fold(&mut w, compare(&down(gpu, &od)?, &want));
+            let o = down(gpu, &od)?;
+            fold(&mut w, compare(&o, &want));
+            if let Some(q8) = &q8 {
+                check_q8(gpu, &o, q8, q8w)?;
+            }
         }
         fold(&mut w, compare(&down(gpu, &std)?, &st));
     }
@@ -412,13 +448,18 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
     Ok(w)
 }
 
-fn elementwise(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
+fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
     let mut w = Worst::new("swiglu, moe_combine, add_inplace".into());
     for n in [1usize, 100, 2048, 10 * 512] {
         let (g, u) = (scaled(n, -6.0, 6.0, rng), random_vec(n, rng));
         let (gd, ud, od) = (up(gpu, &g)?, up(gpu, &u)?, nan(gpu, n)?);
-        ops::swiglu(gpu, (&gd, 0), (&ud, 0), &od, n)?;
-        fold(&mut w, compare(&down(gpu, &od)?, &r::swiglu(&g, &u)));
+        let q8 = (n % 32 == 0).then(|| Q8Vec::new(gpu, n)).transpose()?;
+        ops::swiglu(gpu, (&gd, 0), (&ud, 0), &od, q8.as_ref(), n)?;
+        let o = down(gpu, &od)?;
+        fold(&mut w, compare(&o, &r::swiglu(&g, &u)));
+        if let Some(q8) = &q8 {
+            check_q8(gpu, &o, q8, q8w)?;
+        }
         let x = random_vec(n, rng);
         let xd = up(gpu, &x)?;
         ops::add_inplace(gpu, &xd, &ud, n)?;
