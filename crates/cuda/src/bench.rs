@@ -206,7 +206,19 @@ pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
         let o: CudaSlice<f32> = gpu.stream.alloc_zeros(a.n_head * a.hd)?;
         let t = time(gpu, |i| {
             let (k, v) = &caches[i % copies];
-            ops::attention(gpu, &a, &q, k, v, &pos, &sc, Some(&qf), &o, None, 0.0625)
+            ops::attention(
+                gpu,
+                &a,
+                &q,
+                k,
+                v,
+                &pos,
+                &sc,
+                Some((&qf, 0)),
+                &o,
+                None,
+                0.0625,
+            )
         })?;
         out.push(BenchRow {
             kernel: format!("attn_split_g8_d8 + attn_merge ({nsplit} slices)"),
@@ -250,7 +262,19 @@ pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
     let t = time(gpu, |i| {
         let (st, ring) = &states[i % copies];
         ops::gdn_step(
-            gpu, &d, &w, &qkv, &z, &ba, ring, st, &o, None, &pos, 1e-6, 1e-6,
+            gpu,
+            &d,
+            &w,
+            (&qkv, 0),
+            (&z, 0),
+            (&ba, 0),
+            ring,
+            st,
+            &o,
+            None,
+            &pos,
+            1e-6,
+            1e-6,
         )
     })?;
     let bytes = 2 * d.state_len() * 4;

@@ -80,19 +80,64 @@ fn quantize(gpu: &Gpu, q: &mut Option<Q8Vec>, x: &CudaSlice<f32>) -> Result<()> 
     Ok(())
 }
 
+/// Several projections of one input (q|k|v; qkv|z|ba; router|shared
+/// gate). Consecutive ones of one format and width are uploaded as one
+/// matrix (their rows stacked) and run as one GEMV, so a layer launches
+/// fewer kernels; part i's output is `part(i)`.
+struct Proj {
+    groups: Vec<(DeviceMatrix, CudaSlice<f32>)>,
+    /// Per part: (group, offset in the group's output).
+    at: Vec<(usize, usize)>,
+}
+
+impl Proj {
+    fn new(gpu: &Gpu, f: &GgufFile, parts: &[&Weight]) -> Result<Self> {
+        let mut groups: Vec<Vec<&Weight>> = Vec::new();
+        for w in parts {
+            match groups.last_mut() {
+                Some(g) if g[0].ty == w.ty && g[0].cols() == w.cols() => g.push(w),
+                _ => groups.push(vec![w]),
+            }
+        }
+        let (mut out, mut at) = (Vec::new(), Vec::new());
+        for (gi, g) in groups.iter().enumerate() {
+            let rows: usize = g.iter().map(|w| w.rows()).sum();
+            let bytes: Vec<u8> = g.iter().flat_map(|w| w.bytes(f).iter().copied()).collect();
+            let names: Vec<&str> = g.iter().map(|w| w.name.as_str()).collect();
+            let m = DeviceMatrix::from_gguf(gpu, g[0].ty, rows, g[0].cols(), &bytes)
+                .with_context(|| format!("uploading {}", names.join(" + ")))?;
+            let mut off = 0;
+            for w in g {
+                at.push((gi, off));
+                off += w.rows();
+            }
+            out.push((m, gpu.stream.alloc_zeros(rows)?));
+        }
+        Ok(Self { groups: out, at })
+    }
+
+    fn part(&self, i: usize) -> (&CudaSlice<f32>, usize) {
+        let (g, off) = self.at[i];
+        (&self.groups[g].1, off)
+    }
+
+    fn run(&mut self, gpu: &Gpu, x: &CudaSlice<f32>, xq: Option<&Q8Vec>) -> Result<()> {
+        for (m, y) in &mut self.groups {
+            mv(gpu, m, x, xq, y)?;
+        }
+        Ok(())
+    }
+}
+
 struct AttnOp {
     dims: AttnDims,
-    wq: DeviceMatrix,
-    wk: DeviceMatrix,
-    wv: DeviceMatrix,
+    /// q_full | k | v.
+    qkv: Proj,
     wo: DeviceMatrix,
     norms: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     inv_freq: CudaSlice<f64>,
     scale: f32,
     eps: f32,
-    q_full: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
     q: CudaSlice<f32>,
     o: CudaSlice<f32>,
     oq: Option<Q8Vec>,
@@ -103,18 +148,14 @@ struct AttnOp {
 
 struct GdnOp {
     dims: GdnDims,
-    w_qkv: DeviceMatrix,
-    w_z: DeviceMatrix,
-    w_ba: DeviceMatrix,
+    /// qkv | z | ba.
+    inp: Proj,
     w_out: DeviceMatrix,
     conv_w: CudaSlice<f32>,
     dt_bias: CudaSlice<f32>,
     ssm_a: CudaSlice<f32>,
     norm_w: CudaSlice<f32>,
     eps: f32,
-    qkv: CudaSlice<f32>,
-    z: CudaSlice<f32>,
-    ba: CudaSlice<f32>,
     o: CudaSlice<f32>,
     oq: Option<Q8Vec>,
     ring: CudaSlice<f32>,
@@ -134,14 +175,14 @@ struct FfnOp {
 }
 
 struct MoeOp {
-    router: DeviceMatrix,
+    /// router logits | shared-expert gate logit (when there is one).
+    router: Proj,
     gate: ExpertStack,
     up: ExpertStack,
     down: ExpertStack,
     n_expert: usize,
     k: usize,
     norm_topk: bool,
-    logits: CudaSlice<f32>,
     slots: CudaSlice<u32>,
     experts: CudaSlice<u32>,
     w: CudaSlice<f32>,
@@ -153,7 +194,7 @@ struct MoeOp {
     ygu: Option<CudaSlice<f32>>,
     actq: Option<Q8Vec>,
     shared: Option<FfnOp>,
-    shared_gate: Option<(DeviceMatrix, CudaSlice<f32>)>,
+    has_shared_gate: bool,
 }
 
 /// One recorded stage.
@@ -238,17 +279,15 @@ impl Op {
                 )
             }
             Op::Attn(a) => {
-                let hq = b.hq.as_ref();
-                mv(gpu, &a.wq, &b.h, hq, &mut a.q_full)?;
-                mv(gpu, &a.wk, &b.h, hq, &mut a.k)?;
-                mv(gpu, &a.wv, &b.h, hq, &mut a.v)?;
+                a.qkv.run(gpu, &b.h, b.hq.as_ref())?;
                 let norms = a.norms.as_ref().map(|(q, k)| (q, k));
+                let (qf, k, v) = (a.qkv.part(0), a.qkv.part(1), a.qkv.part(2));
                 ops::attn_prep(
                     gpu,
                     &a.dims,
-                    &a.q_full,
-                    &a.k,
-                    &a.v,
+                    qf,
+                    k,
+                    v,
                     norms,
                     &a.inv_freq,
                     &b.pos,
@@ -257,7 +296,7 @@ impl Op {
                     &a.v_cache,
                     a.eps,
                 )?;
-                let gate = a.dims.gated.then_some(&a.q_full);
+                let gate = a.dims.gated.then_some(qf);
                 ops::attention(
                     gpu,
                     &a.dims,
@@ -274,10 +313,7 @@ impl Op {
                 mv(gpu, &a.wo, &a.o, a.oq.as_ref(), &mut b.mix)
             }
             Op::Gdn(g) => {
-                let hq = b.hq.as_ref();
-                mv(gpu, &g.w_qkv, &b.h, hq, &mut g.qkv)?;
-                mv(gpu, &g.w_z, &b.h, hq, &mut g.z)?;
-                mv(gpu, &g.w_ba, &b.h, hq, &mut g.ba)?;
+                g.inp.run(gpu, &b.h, b.hq.as_ref())?;
                 let w = GdnWeights {
                     conv_w: &g.conv_w,
                     dt_bias: &g.dt_bias,
@@ -288,9 +324,9 @@ impl Op {
                     gpu,
                     &g.dims,
                     &w,
-                    &g.qkv,
-                    &g.z,
-                    &g.ba,
+                    g.inp.part(0),
+                    g.inp.part(1),
+                    g.inp.part(2),
                     &g.ring,
                     &g.state,
                     &g.o,
@@ -303,10 +339,12 @@ impl Op {
             }
             Op::Moe(m) => {
                 let hq = b.hq.as_ref();
-                mv(gpu, &m.router, &b.h, hq, &mut m.logits)?;
+                m.router.run(gpu, &b.h, hq)?;
+                let (logits, l0) = m.router.part(0);
+                ensure!(l0 == 0, "router logits must start their buffer");
                 ops::router_topk(
                     gpu,
-                    &m.logits,
+                    logits,
                     m.n_expert,
                     m.k,
                     m.norm_topk,
@@ -343,9 +381,7 @@ impl Op {
                 if let Some(s) = &mut m.shared {
                     s.run(gpu, &b.h, hq)?;
                 }
-                if let Some((gw, gl)) = &mut m.shared_gate {
-                    mv(gpu, gw, &b.h, hq, gl)?;
-                }
+
                 ops::moe_combine(
                     gpu,
                     &b.x,
@@ -354,7 +390,7 @@ impl Op {
                     m.k,
                     d,
                     m.shared.as_ref().map(|s| &s.out),
-                    m.shared_gate.as_ref().map(|g| &g.1),
+                    m.has_shared_gate.then(|| m.router.part(1)),
                 )
             }
             Op::Dense(f) => {
@@ -427,17 +463,12 @@ impl Builder<'_> {
             .nsplit
             .unwrap_or_else(|| ops::default_nsplit(&dims, gpu.sms));
         Ok(Op::Attn(Box::new(AttnOp {
-            wq: upload(gpu, self.file, &w.wq)?,
-            wk: upload(gpu, self.file, &w.wk)?,
-            wv: upload(gpu, self.file, &w.wv)?,
+            qkv: Proj::new(gpu, self.file, &[&w.wq, &w.wk, &w.wv])?,
             wo: upload(gpu, self.file, &w.wo)?,
             norms,
             inv_freq: gpu.stream.clone_htod(p.rope.inv_freq())?,
             scale: p.scale,
             eps: p.eps,
-            q_full: gpu.stream.alloc_zeros(nh * hd * (1 + w.gated as usize))?,
-            k: gpu.stream.alloc_zeros(nkv * hd)?,
-            v: gpu.stream.alloc_zeros(nkv * hd)?,
             q: gpu.stream.alloc_zeros(nh * hd)?,
             o: gpu.stream.alloc_zeros(nh * hd)?,
             oq: q8vec(gpu, self.int8, nh * hd)?,
@@ -464,18 +495,13 @@ impl Builder<'_> {
         };
         let vd = dims.n_v * dims.dv;
         Ok(Op::Gdn(Box::new(GdnOp {
-            w_qkv: upload(gpu, self.file, qkv)?,
-            w_z: upload(gpu, self.file, gate)?,
-            w_ba: upload(gpu, self.file, &w.ba)?,
+            inp: Proj::new(gpu, self.file, &[qkv, gate, &w.ba])?,
             w_out: upload(gpu, self.file, &w.out)?,
             conv_w: f32s(gpu, &w.conv)?,
             dt_bias: f32s(gpu, &w.dt_bias)?,
             ssm_a: f32s(gpu, &w.ssm_a)?,
             norm_w: f32s(gpu, &w.norm)?,
             eps: p.eps,
-            qkv: gpu.stream.alloc_zeros(dims.conv_dim())?,
-            z: gpu.stream.alloc_zeros(vd)?,
-            ba: gpu.stream.alloc_zeros(2 * dims.n_v)?,
             o: gpu.stream.alloc_zeros(vd)?,
             oq: q8vec(gpu, self.int8 && dims.dv.is_multiple_of(32), vd)?,
             ring: gpu.stream.alloc_zeros(dims.conv_kernel * dims.conv_dim())?,
@@ -504,19 +530,14 @@ impl Builder<'_> {
             .as_ref()
             .map(|s| FfnOp::new(gpu, f, s, self.int8))
             .transpose()?;
-        let shared_gate = match &w.shared_gate {
-            Some(g) => Some((
-                DeviceMatrix::from_gguf(gpu, g.ty, 1, g.cols(), g.bytes(f))?,
-                gpu.stream.alloc_zeros(1)?,
-            )),
-            None => None,
-        };
+        let mut parts = vec![&w.router];
+        parts.extend(w.shared_gate.as_ref());
         Ok(Op::Moe(Box::new(MoeOp {
-            router: upload(gpu, f, &w.router)?,
+            router: Proj::new(gpu, f, &parts)?,
+            has_shared_gate: w.shared_gate.is_some(),
             n_expert: e,
             k,
             norm_topk: w.norm_topk,
-            logits: gpu.stream.alloc_zeros(e)?,
             slots: gpu.stream.alloc_zeros(k)?,
             experts: gpu.stream.alloc_zeros(k)?,
             w: gpu.stream.alloc_zeros(k)?,
@@ -537,7 +558,6 @@ impl Builder<'_> {
             up,
             down,
             shared,
-            shared_gate,
         })))
     }
 }

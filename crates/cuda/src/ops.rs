@@ -21,6 +21,22 @@ pub fn dptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
     }
 }
 
+/// A vector inside a buffer: the buffer and the offset (in floats) where
+/// the vector starts (several GEMV outputs share one buffer when their
+/// matrices are uploaded as one).
+pub type At<'a> = (&'a CudaSlice<f32>, usize);
+
+/// The raw address of `a` (checked to hold `n` floats).
+fn at_ptr(gpu: &Gpu, a: At, n: usize) -> Result<u64> {
+    ensure!(
+        a.0.len() >= a.1 + n,
+        "buffer of {} floats holds no {n} at {}",
+        a.0.len(),
+        a.1
+    );
+    Ok(dptr(gpu, Some(a.0)) + 4 * a.1 as u64)
+}
+
 /// Raw pointers of an int8 activation buffer (null, null for `None`).
 fn q8ptrs(gpu: &Gpu, q8: Option<&Q8Vec>) -> (u64, u64) {
     (dptr(gpu, q8.map(|q| &q.q)), dptr(gpu, q8.map(|q| &q.d)))
@@ -152,9 +168,9 @@ impl AttnDims {
 pub fn attn_prep(
     gpu: &Gpu,
     a: &AttnDims,
-    q_full: &CudaSlice<f32>,
-    k: &CudaSlice<f32>,
-    v: &CudaSlice<f32>,
+    q_full: At,
+    k: At,
+    v: At,
     norms: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
     inv_freq: &CudaSlice<f64>,
     pos: &CudaSlice<i32>,
@@ -165,15 +181,19 @@ pub fn attn_prep(
 ) -> Result<()> {
     a.check()?;
     let (nh, nkv, hd) = (a.n_head, a.n_kv, a.hd);
-    ensure!(q_full.len() >= nh * hd * (1 + a.gated as usize) && q_out.len() >= nh * hd);
-    ensure!(k.len() >= nkv * hd && v.len() >= nkv * hd);
+    ensure!(q_out.len() >= nh * hd);
+    let (qfp, kp, vp) = (
+        at_ptr(gpu, q_full, nh * hd * (1 + a.gated as usize))?,
+        at_ptr(gpu, k, nkv * hd)?,
+        at_ptr(gpu, v, nkv * hd)?,
+    );
     ensure!(k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(nkv * hd));
     ensure!(inv_freq.len() >= a.n_rot / 2 && !pos.is_empty());
     ensure!(norms.is_none_or(|(q, k)| q.len() >= hd && k.len() >= hd));
     let args: [u64; 10] = [
-        dptr(gpu, Some(q_full)),
-        dptr(gpu, Some(k)),
-        dptr(gpu, Some(v)),
+        qfp,
+        kp,
+        vp,
         dptr(gpu, norms.map(|n| n.0)),
         dptr(gpu, norms.map(|n| n.1)),
         dptr(gpu, Some(inv_freq)),
@@ -245,7 +265,7 @@ pub fn attention(
     v_cache: &CudaSlice<f32>,
     pos: &CudaSlice<i32>,
     scratch: &AttnScratch,
-    gate: Option<&CudaSlice<f32>>,
+    gate: Option<At>,
     out: &CudaSlice<f32>,
     q8: Option<&Q8Vec>,
     scale: f32,
@@ -256,7 +276,7 @@ pub fn attention(
     let (nh, nkv, hd) = (a.n_head, a.n_kv, a.hd);
     ensure!(q.len() >= nh * hd && out.len() >= nh * hd && !pos.is_empty());
     ensure!(k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(nkv * hd));
-    ensure!(gate.is_none_or(|g| g.len() >= 2 * nh * hd));
+
     ensure!(scratch.part_o.len() >= nh * scratch.nsplit * hd);
     let gb = a.heads_per_block();
     let name = format!("attn_split_g{gb}_d{}", hd / 32);
@@ -285,10 +305,11 @@ pub fn attention(
             ],
         )
     }?;
-    let (gp, op) = (
-        dptr(gpu, gate).wrapping_add(if gate.is_some() { 4 * hd as u64 } else { 0 }),
-        dptr(gpu, Some(out)),
-    );
+    let gp = match gate {
+        Some(g) => at_ptr(gpu, g, 2 * nh * hd)? + 4 * hd as u64,
+        None => 0,
+    };
+    let op = dptr(gpu, Some(out));
     let (gs, hd_i) = (2 * hd as i32, hd as i32);
     // SAFETY: attn_merge(part_o, part_ml, gate, gate_stride, out, q8,
     // q8d, nsplit, hd) (q8: n_head*hd values, checked above), grid (n_head, hd/64) with hd a multiple of 64 (AttnDims::check):
@@ -369,9 +390,9 @@ pub fn gdn_step(
     gpu: &Gpu,
     s: &GdnDims,
     w: &GdnWeights,
-    qkv: &CudaSlice<f32>,
-    z: &CudaSlice<f32>,
-    ba: &CudaSlice<f32>,
+    qkv: At,
+    z: At,
+    ba: At,
     ring: &CudaSlice<f32>,
     state: &CudaSlice<f32>,
     out: &CudaSlice<f32>,
@@ -384,14 +405,19 @@ pub fn gdn_step(
     ensure!(q8.is_none_or(|q| q.n >= s.n_v * s.dv && s.dv.is_multiple_of(32)));
     let (qp, qdp) = q8ptrs(gpu, q8);
     let (cd, vd) = (s.conv_dim(), s.n_v * s.dv);
-    ensure!(qkv.len() >= cd && z.len() >= vd && ba.len() >= 2 * s.n_v && out.len() >= vd);
+    ensure!(out.len() >= vd);
+    let (qkvp, zp, bap) = (
+        at_ptr(gpu, qkv, cd)?,
+        at_ptr(gpu, z, vd)?,
+        at_ptr(gpu, ba, 2 * s.n_v)?,
+    );
     ensure!(ring.len() >= s.conv_kernel * cd && state.len() >= s.state_len());
     ensure!(w.conv_w.len() >= cd * s.conv_kernel && w.norm_w.len() >= s.dv);
     ensure!(w.dt_bias.len() >= s.n_v && w.ssm_a.len() >= s.n_v && !pos.is_empty());
     let p: [u64; 11] = [
-        dptr(gpu, Some(qkv)),
-        dptr(gpu, Some(z)),
-        dptr(gpu, Some(ba)),
+        qkvp,
+        zp,
+        bap,
         dptr(gpu, Some(w.conv_w)),
         dptr(gpu, Some(w.dt_bias)),
         dptr(gpu, Some(w.ssm_a)),
@@ -521,16 +547,20 @@ pub fn moe_combine(
     k: usize,
     d: usize,
     sh: Option<&CudaSlice<f32>>,
-    sh_logit: Option<&CudaSlice<f32>>,
+    sh_logit: Option<At>,
 ) -> Result<()> {
     ensure!(x.len() >= d && ys.len() >= k * d && w.len() >= k && d >= 1);
-    ensure!(sh.is_none_or(|s| s.len() >= d) && sh_logit.is_none_or(|s| !s.is_empty()));
+    ensure!(sh.is_none_or(|s| s.len() >= d));
+    let slp = match sh_logit {
+        Some(a) => at_ptr(gpu, a, 1)?,
+        None => 0,
+    };
     let p: [u64; 5] = [
         dptr(gpu, Some(x)),
         dptr(gpu, Some(ys)),
         dptr(gpu, Some(w)),
         dptr(gpu, sh),
-        dptr(gpu, sh_logit),
+        slp,
     ];
     let (k_i, d_i) = (i32_of(k)?, i32_of(d)?);
     // SAFETY: moe_combine(x, ys, w, k, d, sh, sh_logit); sizes checked above.

@@ -185,9 +185,9 @@ fn attn_prep(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             ops::attn_prep(
                 gpu,
                 &a,
-                &qfd,
-                &kd,
-                &vd,
+                (&qfd, 0),
+                (&kd, 0),
+                (&vd, 0),
                 Some((&qnd, &knd)),
                 &invd,
                 &posd,
@@ -294,7 +294,7 @@ fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec<Worst>> {
                     &vd,
                     &posd,
                     &sc,
-                    a.gated.then_some(&qfd),
+                    a.gated.then_some((&qfd, 0)),
                     &od,
                     Some(&q8),
                     scale,
@@ -396,9 +396,9 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
                 gpu,
                 &d,
                 &wts,
-                &qd,
-                &zd,
-                &bd,
+                (&qd, 0),
+                (&zd, 0),
+                (&bd, 0),
                 &ringd,
                 &std,
                 &od,
@@ -499,7 +499,7 @@ fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
                 k,
                 d,
                 shared.then_some(&shd),
-                shared.then_some(&sld),
+                shared.then_some((&sld, 0)),
             )?;
             fold(&mut w, compare(&down(gpu, &xd)?, &want));
         }
