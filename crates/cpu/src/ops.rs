@@ -126,6 +126,11 @@ impl Rope {
         self.n_rot
     }
 
+    /// `base^(-2i/n_rot)` for `i < n_rot/2` (the table `apply` uses).
+    pub fn inv_freq(&self) -> &[f64] {
+        &self.inv_freq
+    }
+
     /// Rotate every `head_dim`-wide head of `x` for position `pos`: pairs
     /// `(j, j + n_rot/2)` for `j < n_rot/2`; dims from `n_rot` on pass
     /// through.

@@ -15,6 +15,8 @@ pub struct Gpu {
     pub name: String,
     /// Seconds spent in NVRTC + module load.
     pub compile_s: f64,
+    /// Streaming multiprocessors (sizes the split of decode attention).
+    pub sms: usize,
 }
 
 impl Gpu {
@@ -27,6 +29,11 @@ impl Gpu {
             .context("opening the CUDA device")?;
         let (major, minor) = ctx.compute_capability()?;
         let name = format!("{} (sm_{major}{minor})", ctx.name()?);
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_or(132, |n| n.max(1) as usize);
         // SAFETY: everything this crate does runs on the one stream below,
         // so cudarc's per-buffer events (cross-stream ordering) are not
         // needed; without them launches can be captured into CUDA graphs.
@@ -51,6 +58,7 @@ impl Gpu {
             funcs,
             name,
             compile_s: t.elapsed().as_secs_f64(),
+            sms,
         })
     }
 

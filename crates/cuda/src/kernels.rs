@@ -68,6 +68,55 @@ pub const FILES: &[KernelFile] = &[
         kernels: gemv_f32_names!("gemv_q8_0"),
     },
     KernelFile {
+        name: "gemv_f32.cu",
+        source: kernel_dir!("gemv_f32.cu"),
+        kernels: gemv_f32_names!("gemv_f32"),
+    },
+    KernelFile {
+        name: "norm.cu",
+        source: kernel_dir!("norm.cu"),
+        kernels: &["rms_norm"],
+    },
+    KernelFile {
+        name: "attn_prep.cu",
+        source: kernel_dir!("attn_prep.cu"),
+        kernels: &["attn_prep"],
+    },
+    KernelFile {
+        name: "attention.cu",
+        source: kernel_dir!("attention.cu"),
+        kernels: &[
+            "attn_split_g1_d2",
+            "attn_split_g2_d2",
+            "attn_split_g4_d2",
+            "attn_split_g8_d2",
+            "attn_split_g1_d4",
+            "attn_split_g2_d4",
+            "attn_split_g4_d4",
+            "attn_split_g8_d4",
+            "attn_split_g1_d8",
+            "attn_split_g2_d8",
+            "attn_split_g4_d8",
+            "attn_split_g8_d8",
+            "attn_merge",
+        ],
+    },
+    KernelFile {
+        name: "deltanet.cu",
+        source: kernel_dir!("deltanet.cu"),
+        kernels: &["gdn_step"],
+    },
+    KernelFile {
+        name: "router.cu",
+        source: kernel_dir!("router.cu"),
+        kernels: &["router_topk"],
+    },
+    KernelFile {
+        name: "elementwise.cu",
+        source: kernel_dir!("elementwise.cu"),
+        kernels: &["swiglu", "add_inplace", "moe_combine"],
+    },
+    KernelFile {
         name: "quantize_q8.cu",
         source: kernel_dir!("quantize_q8.cu"),
         kernels: &["quantize_q8_32"],
@@ -170,8 +219,12 @@ mod tests {
             assert!(src.contains("__device__ __forceinline__ float h2f"));
             for k in f.kernels {
                 let prefix = k.rsplit_once("_r").map_or(*k, |p| p.0);
+                let attn = k
+                    .strip_prefix("attn_split_g")
+                    .and_then(|r| r.split_once("_d"))
+                    .is_some_and(|(g, d)| src.contains(&format!("ATTN_SPLIT({g}, {d})")));
                 assert!(
-                    src.contains(&format!("GEMV_KERNELS({prefix},")) || src.contains(k),
+                    src.contains(&format!("GEMV_KERNELS({prefix},")) || src.contains(k) || attn,
                     "{k}"
                 );
             }

@@ -22,11 +22,16 @@
 //! `DeviceMatrix`, `ExpertStack`, `SlotTable` and plain slices.
 
 pub mod bench;
+pub mod decoder;
 pub mod device;
 pub mod gemv;
 pub mod kernels;
 pub mod layout;
+pub mod ops;
+pub mod parity;
+pub mod reference;
 pub mod selftest;
+pub mod selftest_ops;
 pub mod slots;
 pub mod tables_cuh;
 pub mod testdata;
@@ -45,12 +50,17 @@ pub fn selftest_cli() -> anyhow::Result<()> {
 }
 
 /// `redlite bench kernels`: copy bandwidth, then every GEMV kernel and
-/// shape at 1, 2 and 4 rows per warp, one or two chunks per step, and the
-/// int8-activation IQ2_XXS kernels.
-pub fn bench_cli() -> anyhow::Result<()> {
+/// shape at 1, 2 and 4 rows per warp, one or two chunks per step, the
+/// int8-activation kernels, decode attention and the DeltaNet step
+/// (`decode_only`: only the last two).
+pub fn bench_cli(decode_only: bool) -> anyhow::Result<()> {
     let gpu = Gpu::new(0)?;
     let copy = bench::copy_bandwidth(&gpu)?;
-    let rows = bench::run(&gpu, &gemv::Variant::ALL)?;
+    let rows = if decode_only {
+        bench::run_decode_ops(&gpu)?
+    } else {
+        bench::run(&gpu, &gemv::Variant::ALL)?
+    };
     bench::print(&gpu, copy, &rows);
     Ok(())
 }

@@ -43,4 +43,6 @@ pub enum ModelError {
     Experts(#[from] redlite_expertcache::CacheError),
     #[error("an expert cache reads the model file, but this model was not opened from a file")]
     NoFilePath,
+    #[error("{backend} backend: {what}")]
+    Backend { backend: &'static str, what: String },
 }
