@@ -195,6 +195,9 @@ struct MoeOp {
     actq: Option<Q8Vec>,
     shared: Option<FfnOp>,
     has_shared_gate: bool,
+    /// The next stage's RMSNorm (weights, eps, whether h is also wanted as
+    /// int8), fused into the combine: one launch instead of two.
+    next_norm: Option<(CudaSlice<f32>, f32, bool)>,
 }
 
 /// One recorded stage.
@@ -209,10 +212,46 @@ enum Op {
     Moe(Box<MoeOp>),
     Dense(Box<FfnOp>),
     Head {
-        norm: CudaSlice<f32>,
+        /// None: the previous MoE op already wrote the normed h.
+        norm: Option<CudaSlice<f32>>,
         eps: f32,
         w: DeviceMatrix,
     },
+}
+
+/// Fold each Norm (without a residual add) or Head norm that follows a MoE
+/// op into that op's combine.
+fn fuse_norms(ops: Vec<Op>) -> Vec<Op> {
+    let mut out: Vec<Op> = Vec::with_capacity(ops.len());
+    for op in ops {
+        let prev = match out.last_mut() {
+            Some(Op::Moe(m)) if m.next_norm.is_none() => Some(m),
+            _ => None,
+        };
+        match (prev, op) {
+            (
+                Some(m),
+                Op::Norm {
+                    w,
+                    eps,
+                    add_mix: false,
+                },
+            ) => m.next_norm = Some((w, eps, true)),
+            (
+                Some(m),
+                Op::Head {
+                    norm: Some(n),
+                    eps,
+                    w,
+                },
+            ) => {
+                m.next_norm = Some((n, eps, false));
+                out.push(Op::Head { norm: None, eps, w });
+            }
+            (_, op) => out.push(op),
+        }
+    }
+    out
 }
 
 impl FfnOp {
@@ -382,6 +421,12 @@ impl Op {
                     s.run(gpu, &b.h, hq)?;
                 }
 
+                let norm = m.next_norm.as_ref().map(|(w, eps, q)| ops::NextNorm {
+                    w,
+                    eps: *eps,
+                    h: &b.h,
+                    q8: if *q { b.hq.as_ref() } else { None },
+                });
                 ops::moe_combine(
                     gpu,
                     &b.x,
@@ -391,6 +436,7 @@ impl Op {
                     d,
                     m.shared.as_ref().map(|s| &s.out),
                     m.has_shared_gate.then(|| m.router.part(1)),
+                    norm,
                 )
             }
             Op::Dense(f) => {
@@ -398,7 +444,9 @@ impl Op {
                 ops::add_inplace(gpu, &b.x, &f.out, d)
             }
             Op::Head { norm, eps, w } => {
-                ops::rms_norm(gpu, &b.x, None, norm, Some(&b.h), None, 1, d, *eps, false)?;
+                if let Some(n) = norm {
+                    ops::rms_norm(gpu, &b.x, None, n, Some(&b.h), None, 1, d, *eps, false)?;
+                }
                 w.gemv(gpu, &b.h, &mut b.logits, DEFAULT_NR)
             }
         }
@@ -558,6 +606,7 @@ impl Builder<'_> {
             up,
             down,
             shared,
+            next_norm: None,
         })))
     }
 }
@@ -615,7 +664,11 @@ impl TokenStages for Builder<'_> {
         let norm = f32s(self.gpu, norm).map_err(be)?;
         let w = upload(self.gpu, self.file, w).map_err(be)?;
         self.n_vocab = w.rows;
-        self.ops.push(Op::Head { norm, eps, w });
+        self.ops.push(Op::Head {
+            norm: Some(norm),
+            eps,
+            w,
+        });
         Ok(())
     }
 }
@@ -667,7 +720,7 @@ impl CudaDecoder {
             n_vocab: 0,
         };
         model.arch().decode_stages(&mut b)?;
-        let (ops, embd, n_vocab) = (b.ops, b.embd, b.n_vocab);
+        let (ops, embd, n_vocab) = (fuse_norms(b.ops), b.embd, b.n_vocab);
         let embd = embd.context("the stages never embedded the token")?;
         let d = embd.cols();
         let bufs = Bufs {

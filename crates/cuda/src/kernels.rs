@@ -114,7 +114,7 @@ pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "elementwise.cu",
         source: kernel_dir!("elementwise.cu"),
-        kernels: &["swiglu", "add_inplace", "moe_combine"],
+        kernels: &["swiglu", "add_inplace", "moe_combine", "moe_combine_norm"],
     },
     KernelFile {
         name: "quantize_q8.cu",
