@@ -4,7 +4,7 @@
 //! ([`redlite_model::stages::TokenStages`]) once: each stage uploads its
 //! weights (device-resident, experts in slot stacks at full residency),
 //! allocates its state (KV caches, DeltaNet conv windows and states) and
-//! scratch, and becomes one [`Op`]. The ops' launches are then captured
+//! scratch, and becomes one `Op`. The ops' launches are then captured
 //! into one graph. Per token the host writes two things (the token's
 //! embedding row, dequantized on the host, and the position), replays the
 //! graph and reads the logits back: no host round trip per layer. Every
