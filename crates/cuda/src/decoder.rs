@@ -19,9 +19,9 @@
 //! upload.
 
 use crate::device::Gpu;
+use crate::error::{bail, ensure, Context, CudaError, Result};
 use crate::gemv::{DeviceMatrix, ExpertStack, Q8Vec, DEFAULT_NR, Q8_TYPES};
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
-use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use redlite_gguf::GgufFile;
@@ -479,7 +479,7 @@ struct Builder<'a> {
     n_vocab: usize,
 }
 
-fn be(e: anyhow::Error) -> ModelError {
+fn be(e: CudaError) -> ModelError {
     ModelError::Backend {
         backend: "cuda",
         what: format!("{e:#}"),

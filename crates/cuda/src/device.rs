@@ -1,7 +1,7 @@
 //! The device: one context, one stream, the compiled kernels.
 
+use crate::error::{Context, CudaError, Result};
 use crate::kernels;
-use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,7 +25,9 @@ impl Gpu {
     pub fn new(ordinal: usize) -> Result<Self> {
         // cudarc panics when libcuda cannot be loaded: make that an error.
         let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
-            .map_err(|_| anyhow!("libcuda not found (no NVIDIA driver on this machine?)"))?
+            .map_err(|_| {
+                CudaError::Invalid("libcuda not found (no NVIDIA driver on this machine?)".into())
+            })?
             .context("opening the CUDA device")?;
         let (major, minor) = ctx.compute_capability()?;
         let name = format!("{} (sm_{major}{minor})", ctx.name()?);
@@ -66,7 +68,7 @@ impl Gpu {
     pub fn func(&self, name: &str) -> Result<&CudaFunction> {
         self.funcs
             .get(name)
-            .ok_or_else(|| anyhow!("no kernel {name:?} loaded"))
+            .ok_or_else(|| CudaError::Invalid(format!("no kernel {name:?} loaded")))
     }
 
     /// Wait for the stream and surface any asynchronous kernel error.

@@ -35,6 +35,7 @@
 pub mod bench;
 pub mod decoder;
 pub mod device;
+pub mod error;
 pub mod gemv;
 pub mod kernels;
 pub mod layout;
@@ -48,15 +49,16 @@ pub mod tables_cuh;
 pub mod testdata;
 
 pub use device::Gpu;
+pub use error::{CudaError, Result};
 pub use gemv::{DeviceMatrix, ExpertStack};
 pub use slots::SlotTable;
 
 /// `redlite selftest`: open GPU 0, run every kernel against float64
 /// references, print the table. Errors if any kernel fails.
-pub fn selftest_cli() -> anyhow::Result<()> {
+pub fn selftest_cli() -> Result<()> {
     let gpu = Gpu::new(0)?;
     let rows = selftest::run(&gpu, 0x2e4d_11fe)?;
-    anyhow::ensure!(selftest::print(&gpu, &rows), "CUDA selftest failed");
+    error::ensure!(selftest::print(&gpu, &rows), "CUDA selftest failed");
     Ok(())
 }
 
@@ -64,7 +66,7 @@ pub fn selftest_cli() -> anyhow::Result<()> {
 /// shape at 1, 2 and 4 rows per warp, one or two chunks per step, the
 /// int8-activation kernels, decode attention and the DeltaNet step
 /// (`decode_only`: only the last two).
-pub fn bench_cli(decode_only: bool) -> anyhow::Result<()> {
+pub fn bench_cli(decode_only: bool) -> Result<()> {
     let gpu = Gpu::new(0)?;
     let copy = bench::copy_bandwidth(&gpu)?;
     let rows = if decode_only {

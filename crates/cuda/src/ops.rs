@@ -9,8 +9,8 @@
 //! The float64 references of every kernel are in [`crate::reference`].
 
 use crate::device::Gpu;
+use crate::error::{ensure, Result};
 use crate::gemv::Q8Vec;
-use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// The raw device address of a buffer (0 for `None`: a null pointer).

@@ -3,8 +3,8 @@
 //! (`redlite parity`, and the GPU test on the tiny fixtures).
 
 use crate::decoder::{CudaDecoder, DecoderOptions};
+use crate::error::{ensure, Result};
 use crate::Gpu;
-use anyhow::{ensure, Result};
 use redlite_model::{Logits, Model};
 
 /// One step's comparison of two logit vectors.

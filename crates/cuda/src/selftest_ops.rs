@@ -4,12 +4,12 @@
 //! poisoned with NaN first.
 
 use crate::device::Gpu;
+use crate::error::Result;
 use crate::gemv::Q8Vec;
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
 use crate::reference::{self as r, GdnShape, GdnStepInputs};
 use crate::selftest::{compare, fold, Worst};
 use crate::testdata::{random_vec, Rng};
-use anyhow::Result;
 use cudarc::driver::CudaSlice;
 
 fn up<T: cudarc::driver::DeviceRepr>(gpu: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
