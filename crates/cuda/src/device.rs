@@ -23,8 +23,13 @@ impl Gpu {
     /// Open device `ordinal` (loads libcuda and libnvrtc at run time) and
     /// compile every kernel file.
     pub fn new(ordinal: usize) -> Result<Self> {
-        // cudarc panics when libcuda cannot be loaded: make that an error.
-        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
+        // cudarc panics when libcuda cannot be loaded: make that an error
+        // (the panic's own message is kept off stderr meanwhile).
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal));
+        std::panic::set_hook(hook);
+        let ctx = ctx
             .map_err(|_| {
                 CudaError::Invalid("libcuda not found (no NVIDIA driver on this machine?)".into())
             })?
