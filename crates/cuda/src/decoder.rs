@@ -806,6 +806,20 @@ impl CudaDecoder {
         Ok(())
     }
 
+    /// The experts the last token chose, per MoE layer in layer order
+    /// (ascending ids, as the router kernel writes them).
+    pub fn routes(&self) -> Result<Vec<Vec<u32>>> {
+        self.gpu.sync()?;
+        self.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Moe(m) => Some(&m.experts),
+                _ => None,
+            })
+            .map(|e| Ok(self.gpu.stream.clone_dtoh(e)?))
+            .collect()
+    }
+
     /// Run `token` at the current position; returns the logits.
     pub fn step(&mut self, model: &Model, token: u32) -> Result<Vec<f32>> {
         self.launch(model, token)?;
