@@ -104,8 +104,8 @@ pub fn parity_cli(
 ) -> Result<()> {
     // Read once by the model crate: set before any model runs.
     std::env::set_var("REDLITE_REFERENCE", "f32");
-    println!("| file | paths | steps | argmax agree | worst max abs dlogit | worst KL | greedy {n_greedy} identical | verdict |");
-    println!("|---|---|---:|---:|---:|---:|---|---|");
+    println!("| file | paths | steps | argmax agree | worst max abs dlogit | worst KL | router mismatches | greedy {n_greedy} identical | verdict |");
+    println!("|---|---|---:|---:|---:|---:|---:|---|---|");
     let mut all = true;
     for path in files {
         let file = std::sync::Arc::new(
@@ -126,7 +126,7 @@ pub fn parity_cli(
                 all &= ok;
             }
             println!(
-                "| {} | {label} | {} | {}/{} | {:.3e} | {:.3e} | {} | {} |",
+                "| {} | {label} | {} | {}/{} | {:.3e} | {:.3e} | {}/{} | {} | {} |",
                 path.file_name()
                     .map_or(path.display().to_string(), |n| n.to_string_lossy().into()),
                 p.steps,
@@ -134,6 +134,8 @@ pub fn parity_cli(
                 p.steps,
                 p.worst.max_abs,
                 p.worst.kl,
+                p.router_mismatches,
+                p.router_checks,
                 if p.greedy_equal() {
                     "yes".to_string()
                 } else {
@@ -147,7 +149,7 @@ pub fn parity_cli(
             );
         }
     }
-    println!("CPU engine (one token per forward) vs the CUDA decoder (one graph per token, f32 activations); gate on the reference rows: every argmax equal, KL <= {kl_max:e}, greedy identical");
+    println!("CPU engine (one token per forward) vs the CUDA decoder (one graph per token, f32 activations); gate on the reference rows: every argmax equal, KL <= {kl_max:e}, greedy identical; router mismatches = (MoE layer, step) pairs whose chosen experts differ (reported)");
     ensure!(all, "CUDA parity failed");
     Ok(())
 }

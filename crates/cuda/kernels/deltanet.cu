@@ -38,13 +38,31 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
              float* __restrict__ state, float* __restrict__ out, signed char* __restrict__ q8,
              float* __restrict__ q8d, const int* __restrict__ pos_p,
              int n_k, int n_v, int dk, int dv, int K, float eps, float l2_eps) {
-    __shared__ double scratch[32];
+    __shared__ double scratch[32], scratch2[64];
     __shared__ float sq[256], sk[256], sv[512], red[GDN_THREADS], sdelta[512];
     const int h = blockIdx.x, t = threadIdx.x;
     const int r = n_v / n_k, kh = h / r;
     const int kd = n_k * dk, cd = 2 * kd + n_v * dv;
     const int pos = *pos_p;
     const int cur = pos % K;
+    const int j = t % dv, p = t / dv, P = blockDim.x / dv;
+    const bool active = p < P;  // blockDim a multiple of dv: always
+    float* st = state + (long long)h * dk * dv;
+
+    // 0. Issue the loads that do not depend on the conv first (the state
+    // column slice, the gate inputs, z and the norm weight), so their
+    // latency overlaps steps 1-3.
+    float sr[GDN_MAXR];
+#pragma unroll
+    for (int q = 0; q < GDN_MAXR; q++) {
+        const int i = p + P * q;
+        if (active && i < dk) sr[q] = st[(long long)i * dv + j];
+    }
+    const int jj = h % r;
+    const float b_in = ba[kh * 2 * r + jj], a_in = ba[kh * 2 * r + r + jj];
+    const float dtb = dt_bias[h], sa_h = ssm_a[h];
+    const float zz = p == 0 ? z[(long long)h * dv + j] : 0.0f;
+    const float nw = p == 0 ? norm_w[j] : 0.0f;
 
     // 1. conv + SiLU for the channels this head reads.
     for (int c0 = t; c0 < 2 * dk + dv; c0 += blockDim.x) {
@@ -70,8 +88,22 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
         a = (double)sq[t] * sq[t];
         b = (double)sk[t] * sk[t];
     }
-    a = block_sum_f64(a, scratch);
-    b = block_sum_f64(b, scratch);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    if ((t & 31) == 0) {
+        scratch2[t >> 5] = a;
+        scratch2[32 + (t >> 5)] = b;
+    }
+    __syncthreads();
+    a = 0.0;
+    b = 0.0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) {
+        a += scratch2[w];
+        b += scratch2[32 + w];
+    }
     const float sa = (float)(1.0 / sqrt(a + (double)l2_eps));
     const float sb = (float)(1.0 / sqrt(b + (double)l2_eps));
     const float qscale = 1.0f / sqrtf((float)dk);
@@ -81,23 +113,18 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
         sk[t] = __fmul_rn(sk[t], sb);
     }
     // 3. gates.
-    const int jj = h % r;
-    const float beta = sigmoid_f(ba[kh * 2 * r + jj]);
-    const float g = __fmul_rn(ssm_a[h], softplus_f(__fadd_rn(ba[kh * 2 * r + r + jj], dt_bias[h])));
+    const float beta = sigmoid_f(b_in);
+    const float g = __fmul_rn(sa_h, softplus_f(__fadd_rn(a_in, dtb)));
     const float decay = expf(g);
     __syncthreads();
 
     // 4. state update.
-    const int j = t % dv, p = t / dv, P = blockDim.x / dv;
-    const bool active = p < P;  // blockDim a multiple of dv: always
-    float* st = state + (long long)h * dk * dv;
-    float sr[GDN_MAXR];
     float u = 0.0f;
 #pragma unroll
     for (int q = 0; q < GDN_MAXR; q++) {
         const int i = p + P * q;
         if (active && i < dk) {
-            sr[q] = __fmul_rn(st[(long long)i * dv + j], decay);
+            sr[q] = __fmul_rn(sr[q], decay);
             u = fmaf(sr[q], sk[i], u);
         }
     }
@@ -132,8 +159,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
     const double ss = block_sum_f64(p == 0 ? (double)oj * oj : 0.0, scratch);
     const float s = (float)(1.0 / sqrt(ss / (double)dv + (double)eps));
     if (p == 0) {
-        const float zz = z[(long long)h * dv + j];
-        const float y = __fmul_rn(__fmul_rn(__fmul_rn(oj, s), norm_w[j]), silu_f(zz));
+        const float y = __fmul_rn(__fmul_rn(__fmul_rn(oj, s), nw), silu_f(zz));
         out[(long long)h * dv + j] = y;
         // threads 0..dv-1: whole warps of consecutive j (dv % 32 == 0)
         if (q8) warp_q8(y, h * dv + j, q8, q8d);

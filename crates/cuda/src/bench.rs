@@ -5,12 +5,12 @@
 //! on an H200) cannot hold them.
 
 use crate::device::Gpu;
+use crate::error::{CudaError, Result};
 use crate::gemv::{
     kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
 };
 use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{random_vec, random_weights, Rng};
-use anyhow::Result;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaSlice;
 use redlite_gguf::GgmlType;
@@ -46,7 +46,7 @@ fn time(gpu: &Gpu, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
     let graph = gpu
         .stream
         .end_capture(CUgraphInstantiate_flags(0))?
-        .ok_or_else(|| anyhow::anyhow!("empty graph"))?;
+        .ok_or_else(|| CudaError::Invalid("empty graph".into()))?;
     graph.launch()?;
     gpu.sync()?;
     let mut ts = Vec::with_capacity(BATCHES);

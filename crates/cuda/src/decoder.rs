@@ -4,7 +4,7 @@
 //! ([`redlite_model::stages::TokenStages`]) once: each stage uploads its
 //! weights (device-resident, experts in slot stacks at full residency),
 //! allocates its state (KV caches, DeltaNet conv windows and states) and
-//! scratch, and becomes one [`Op`]. The ops' launches are then captured
+//! scratch, and becomes one `Op`. The ops' launches are then captured
 //! into one graph. Per token the host writes two things (the token's
 //! embedding row, dequantized on the host, and the position), replays the
 //! graph and reads the logits back: no host round trip per layer. Every
@@ -19,9 +19,9 @@
 //! upload.
 
 use crate::device::Gpu;
+use crate::error::{bail, ensure, Context, CudaError, Result};
 use crate::gemv::{DeviceMatrix, ExpertStack, Q8Vec, DEFAULT_NR, Q8_TYPES};
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
-use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use redlite_gguf::GgufFile;
@@ -195,6 +195,9 @@ struct MoeOp {
     actq: Option<Q8Vec>,
     shared: Option<FfnOp>,
     has_shared_gate: bool,
+    /// The next stage's RMSNorm (weights, eps, whether h is also wanted as
+    /// int8), fused into the combine: one launch instead of two.
+    next_norm: Option<(CudaSlice<f32>, f32, bool)>,
 }
 
 /// One recorded stage.
@@ -209,10 +212,46 @@ enum Op {
     Moe(Box<MoeOp>),
     Dense(Box<FfnOp>),
     Head {
-        norm: CudaSlice<f32>,
+        /// None: the previous MoE op already wrote the normed h.
+        norm: Option<CudaSlice<f32>>,
         eps: f32,
         w: DeviceMatrix,
     },
+}
+
+/// Fold each Norm (without a residual add) or Head norm that follows a MoE
+/// op into that op's combine.
+fn fuse_norms(ops: Vec<Op>) -> Vec<Op> {
+    let mut out: Vec<Op> = Vec::with_capacity(ops.len());
+    for op in ops {
+        let prev = match out.last_mut() {
+            Some(Op::Moe(m)) if m.next_norm.is_none() => Some(m),
+            _ => None,
+        };
+        match (prev, op) {
+            (
+                Some(m),
+                Op::Norm {
+                    w,
+                    eps,
+                    add_mix: false,
+                },
+            ) => m.next_norm = Some((w, eps, true)),
+            (
+                Some(m),
+                Op::Head {
+                    norm: Some(n),
+                    eps,
+                    w,
+                },
+            ) => {
+                m.next_norm = Some((n, eps, false));
+                out.push(Op::Head { norm: None, eps, w });
+            }
+            (_, op) => out.push(op),
+        }
+    }
+    out
 }
 
 impl FfnOp {
@@ -382,6 +421,12 @@ impl Op {
                     s.run(gpu, &b.h, hq)?;
                 }
 
+                let norm = m.next_norm.as_ref().map(|(w, eps, q)| ops::NextNorm {
+                    w,
+                    eps: *eps,
+                    h: &b.h,
+                    q8: if *q { b.hq.as_ref() } else { None },
+                });
                 ops::moe_combine(
                     gpu,
                     &b.x,
@@ -391,6 +436,7 @@ impl Op {
                     d,
                     m.shared.as_ref().map(|s| &s.out),
                     m.has_shared_gate.then(|| m.router.part(1)),
+                    norm,
                 )
             }
             Op::Dense(f) => {
@@ -398,7 +444,9 @@ impl Op {
                 ops::add_inplace(gpu, &b.x, &f.out, d)
             }
             Op::Head { norm, eps, w } => {
-                ops::rms_norm(gpu, &b.x, None, norm, Some(&b.h), None, 1, d, *eps, false)?;
+                if let Some(n) = norm {
+                    ops::rms_norm(gpu, &b.x, None, n, Some(&b.h), None, 1, d, *eps, false)?;
+                }
                 w.gemv(gpu, &b.h, &mut b.logits, DEFAULT_NR)
             }
         }
@@ -431,7 +479,7 @@ struct Builder<'a> {
     n_vocab: usize,
 }
 
-fn be(e: anyhow::Error) -> ModelError {
+fn be(e: CudaError) -> ModelError {
     ModelError::Backend {
         backend: "cuda",
         what: format!("{e:#}"),
@@ -558,6 +606,7 @@ impl Builder<'_> {
             up,
             down,
             shared,
+            next_norm: None,
         })))
     }
 }
@@ -615,7 +664,11 @@ impl TokenStages for Builder<'_> {
         let norm = f32s(self.gpu, norm).map_err(be)?;
         let w = upload(self.gpu, self.file, w).map_err(be)?;
         self.n_vocab = w.rows;
-        self.ops.push(Op::Head { norm, eps, w });
+        self.ops.push(Op::Head {
+            norm: Some(norm),
+            eps,
+            w,
+        });
         Ok(())
     }
 }
@@ -667,7 +720,7 @@ impl CudaDecoder {
             n_vocab: 0,
         };
         model.arch().decode_stages(&mut b)?;
-        let (ops, embd, n_vocab) = (b.ops, b.embd, b.n_vocab);
+        let (ops, embd, n_vocab) = (fuse_norms(b.ops), b.embd, b.n_vocab);
         let embd = embd.context("the stages never embedded the token")?;
         let d = embd.cols();
         let bufs = Bufs {
@@ -751,6 +804,20 @@ impl CudaDecoder {
         self.gpu.sync()?;
         self.pos = 0;
         Ok(())
+    }
+
+    /// The experts the last token chose, per MoE layer in layer order
+    /// (ascending ids, as the router kernel writes them).
+    pub fn routes(&self) -> Result<Vec<Vec<u32>>> {
+        self.gpu.sync()?;
+        self.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Moe(m) => Some(&m.experts),
+                _ => None,
+            })
+            .map(|e| Ok(self.gpu.stream.clone_dtoh(e)?))
+            .collect()
     }
 
     /// Run `token` at the current position; returns the logits.

@@ -1,8 +1,8 @@
 //! Decode GEMV launches: one matrix, or routed experts through slots.
 
 use crate::device::Gpu;
+use crate::error::{bail, ensure, Result};
 use crate::layout::{layout, to_device_bytes, upload_layout, DeviceLayout};
-use anyhow::{bail, ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use redlite_gguf::GgmlType;
 

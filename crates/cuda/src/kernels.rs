@@ -9,7 +9,7 @@
 //! parallel). CI compiles the same expanded text with PyPI's NVRTC 12.9 and
 //! assembles it with `ptxas -arch=sm_90` (`scripts/check-cuda-kernels.sh`).
 
-use anyhow::{anyhow, bail, Result};
+use crate::error::{CudaError, Result};
 
 /// One `.cu` file and the kernels it defines.
 pub struct KernelFile {
@@ -114,7 +114,7 @@ pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "elementwise.cu",
         source: kernel_dir!("elementwise.cu"),
-        kernels: &["swiglu", "add_inplace", "moe_combine"],
+        kernels: &["swiglu", "add_inplace", "moe_combine", "moe_combine_norm"],
     },
     KernelFile {
         name: "quantize_q8.cu",
@@ -162,7 +162,7 @@ fn expand_into(src: &str, out: &mut String, seen: &mut Vec<&'static str>) -> Res
             let (hname, htext) = HEADERS
                 .iter()
                 .find(|(n, _)| *n == name)
-                .ok_or_else(|| anyhow!("unknown kernel header {name:?}"))?;
+                .ok_or_else(|| CudaError::Compile(format!("unknown kernel header {name:?}")))?;
             if !seen.contains(hname) {
                 seen.push(hname);
                 expand_into(htext, out, seen)?;
@@ -190,10 +190,13 @@ pub fn compile(file: &KernelFile) -> Result<cudarc::nvrtc::Ptx> {
     let src = expand(file.source)?;
     match cudarc::nvrtc::compile_ptx_with_opts(&src, nvrtc_options(file.name)) {
         Ok(ptx) => Ok(ptx),
-        Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => {
-            bail!("NVRTC failed on {}:\n{}", file.name, log.to_string_lossy())
-        }
-        Err(e) => bail!("NVRTC failed on {}: {e:?}", file.name),
+        Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => Err(CudaError::Compile(
+            format!("NVRTC failed on {}:\n{}", file.name, log.to_string_lossy()),
+        )),
+        Err(e) => Err(CudaError::Compile(format!(
+            "NVRTC failed on {}: {e:?}",
+            file.name
+        ))),
     }
 }
 
@@ -202,7 +205,10 @@ pub fn compile_all() -> Result<Vec<cudarc::nvrtc::Ptx>> {
     std::thread::scope(|s| {
         let hs: Vec<_> = FILES.iter().map(|f| s.spawn(move || compile(f))).collect();
         hs.into_iter()
-            .map(|h| h.join().map_err(|_| anyhow!("NVRTC thread panicked"))?)
+            .map(|h| {
+                h.join()
+                    .map_err(|_| CudaError::Compile("NVRTC thread panicked".into()))?
+            })
             .collect()
     })
 }

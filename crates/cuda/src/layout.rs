@@ -14,7 +14,7 @@
 //! aligned. Q4_K (144 bytes, `d` and `dmin` in its 16-byte header) stays
 //! whole. `kernels/gemv_common.cuh` reads exactly this.
 
-use anyhow::{bail, Result};
+use crate::error::{bail, CudaError, Result};
 use redlite_gguf::GgmlType;
 
 /// The device layout of one block format.
@@ -94,8 +94,9 @@ pub fn to_device_bytes(
         return l.repack(gguf, rows, cols);
     }
     let mut f = vec![0f32; rows * cols];
-    redlite_cpu::matmul::dequantize_into(ty, gguf, &mut f)
-        .map_err(|e| anyhow::anyhow!("dequantizing a {ty:?} matrix for the device: {e}"))?;
+    redlite_cpu::matmul::dequantize_into(ty, gguf, &mut f).map_err(|e| {
+        CudaError::from(e).context(format!("dequantizing a {ty:?} matrix for the device"))
+    })?;
     l.repack(
         &f.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
         rows,

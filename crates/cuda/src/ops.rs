@@ -9,8 +9,8 @@
 //! The float64 references of every kernel are in [`crate::reference`].
 
 use crate::device::Gpu;
+use crate::error::{ensure, Result};
 use crate::gemv::Q8Vec;
-use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// The raw device address of a buffer (0 for `None`: a null pointer).
@@ -536,8 +536,18 @@ pub fn add_inplace(gpu: &Gpu, x: &CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) 
     }
 }
 
+/// The next block's RMSNorm fused into [`moe_combine`]: weights, eps, the
+/// normed output and optionally its int8 form.
+pub struct NextNorm<'a> {
+    pub w: &'a CudaSlice<f32>,
+    pub eps: f32,
+    pub h: &'a CudaSlice<f32>,
+    pub q8: Option<&'a Q8Vec>,
+}
+
 /// `x += Σ_i w[i]·ys[i] + sh·sigmoid(sh_logit)` (`k` routed outputs of
-/// `d` values; the shared expert and its gate optional).
+/// `d` values; the shared expert and its gate optional); with `norm`, also
+/// `h = RMSNorm(x)·norm.w` in the same launch.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
     gpu: &Gpu,
@@ -548,6 +558,7 @@ pub fn moe_combine(
     d: usize,
     sh: Option<&CudaSlice<f32>>,
     sh_logit: Option<At>,
+    norm: Option<NextNorm>,
 ) -> Result<()> {
     ensure!(x.len() >= d && ys.len() >= k * d && w.len() >= k && d >= 1);
     ensure!(sh.is_none_or(|s| s.len() >= d));
@@ -563,6 +574,25 @@ pub fn moe_combine(
         slp,
     ];
     let (k_i, d_i) = (i32_of(k)?, i32_of(d)?);
+    if let Some(n) = norm {
+        ensure!(n.w.len() >= d && n.h.len() >= d);
+        ensure!(n.q8.is_none_or(|q| q.n >= d && d.is_multiple_of(32)));
+        let (wp, hp) = (dptr(gpu, Some(n.w)), dptr(gpu, Some(n.h)));
+        let (qp, qdp) = q8ptrs(gpu, n.q8);
+        // SAFETY: moe_combine_norm(x, ys, w, k, d, sh, sh_logit, norm_w,
+        // eps, h, q, qd); x, h, norm_w hold d floats, ys k*d, w k, q/qd d
+        // values with d % 32 == 0 (checked above); one block.
+        return unsafe {
+            launch(
+                gpu,
+                "moe_combine_norm",
+                cfg((1, 1), 1024),
+                &[
+                    &p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4], &wp, &n.eps, &hp, &qp, &qdp,
+                ],
+            )
+        };
+    }
     // SAFETY: moe_combine(x, ys, w, k, d, sh, sh_logit); sizes checked above.
     unsafe {
         launch(

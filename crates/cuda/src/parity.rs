@@ -3,8 +3,8 @@
 //! (`redlite parity`, and the GPU test on the tiny fixtures).
 
 use crate::decoder::{CudaDecoder, DecoderOptions};
+use crate::error::{ensure, Result};
 use crate::Gpu;
-use anyhow::{ensure, Result};
 use redlite_model::{Logits, Model};
 
 /// One step's comparison of two logit vectors.
@@ -58,8 +58,32 @@ pub struct Parity {
     pub steps: usize,
     pub worst: LogitCmp,
     pub argmax_agree: usize,
+    /// (MoE layer, step) pairs whose chosen experts differ, of `router_checks`.
+    pub router_mismatches: usize,
+    pub router_checks: usize,
     pub greedy_cpu: Vec<u32>,
     pub greedy_gpu: Vec<u32>,
+}
+
+/// The chosen experts of the last token per MoE layer (ascending ids) from
+/// the CPU session's routes, for comparison with [`CudaDecoder::routes`].
+fn cpu_routes(s: &redlite_model::Session) -> Vec<Vec<u32>> {
+    s.last_routes()
+        .iter()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let mut ids: Vec<u32> = l[l.len() - 1].iter().map(|&(e, _)| e as u32).collect();
+            ids.sort_unstable();
+            ids
+        })
+        .collect()
+}
+
+/// How many layers' expert sets differ.
+fn route_diff(a: &[Vec<u32>], b: &[Vec<u32>]) -> (usize, usize) {
+    let n = a.len().max(b.len());
+    let same = a.iter().zip(b).filter(|(x, y)| x == y).count();
+    (n - same, n)
 }
 
 impl Parity {
@@ -99,18 +123,24 @@ pub fn parity(
         ..Default::default()
     };
     let (mut agree, mut steps) = (0, 0);
-    let mut fold = |c: LogitCmp| {
+    let (mut r_bad, mut r_all) = (0, 0);
+    let mut fold = |c: LogitCmp, routes: (usize, usize)| {
         worst.max_abs = worst.max_abs.max(c.max_abs);
         worst.kl = worst.kl.max(c.kl);
         worst.argmax_equal &= c.argmax_equal;
         agree += c.argmax_equal as usize;
         steps += 1;
+        r_bad += routes.0;
+        r_all += routes.1;
     };
     let (mut lc, mut lg) = (Vec::new(), Vec::new());
     for &t in prompt {
         lc = s.forward(model, &[t], Logits::Last)?;
         lg = dec.step(model, t)?;
-        fold(compare_logits(&lc, &lg));
+        fold(
+            compare_logits(&lc, &lg),
+            route_diff(&cpu_routes(&s), &dec.routes()?),
+        );
     }
     // Greedy on each engine; logits compared while the two agree.
     let (mut sc, mut sg) = (s.clone(), Vec::new());
@@ -124,7 +154,10 @@ pub fn parity(
         lc = sc.forward(model, &[tc], Logits::Last)?;
         lg = dec.step(model, tg)?;
         if same {
-            fold(compare_logits(&lc, &lg));
+            fold(
+                compare_logits(&lc, &lg),
+                route_diff(&cpu_routes(&sc), &dec.routes()?),
+            );
         }
     }
     drop(s);
@@ -132,6 +165,8 @@ pub fn parity(
         steps,
         worst,
         argmax_agree: agree,
+        router_mismatches: r_bad,
+        router_checks: r_all,
         greedy_cpu: gc,
         greedy_gpu: sg,
     })
@@ -140,6 +175,14 @@ pub fn parity(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn route_comparison() {
+        let a = vec![vec![1, 5], vec![2, 3]];
+        assert_eq!(route_diff(&a, &a), (0, 2));
+        assert_eq!(route_diff(&a, &[vec![1, 5], vec![2, 4]]), (1, 2));
+        assert_eq!(route_diff(&a, &[vec![1, 5]]), (1, 2));
+    }
 
     #[test]
     fn logit_comparison() {

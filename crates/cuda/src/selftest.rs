@@ -2,6 +2,7 @@
 //! fresh random inputs at several sizes, outputs poisoned with NaN first.
 
 use crate::device::Gpu;
+use crate::error::Result;
 use crate::gemv::{
     kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
 };
@@ -9,7 +10,6 @@ use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{
     quantize_q8_32, random_vec, random_weights, reference_gemv, reference_gemv_f64, Rng,
 };
-use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use redlite_gguf::GgmlType;
 

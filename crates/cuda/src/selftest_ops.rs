@@ -4,12 +4,12 @@
 //! poisoned with NaN first.
 
 use crate::device::Gpu;
+use crate::error::Result;
 use crate::gemv::Q8Vec;
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
 use crate::reference::{self as r, GdnShape, GdnStepInputs};
 use crate::selftest::{compare, fold, Worst};
 use crate::testdata::{random_vec, Rng};
-use anyhow::Result;
 use cudarc::driver::CudaSlice;
 
 fn up<T: cudarc::driver::DeviceRepr>(gpu: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
@@ -449,7 +449,7 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
 }
 
 fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
-    let mut w = Worst::new("swiglu, moe_combine, add_inplace".into());
+    let mut w = Worst::new("swiglu, moe_combine (+ fused next RMSNorm), add_inplace".into());
     for n in [1usize, 100, 2048, 10 * 512] {
         let (g, u) = (scaled(n, -6.0, 6.0, rng), random_vec(n, rng));
         let (gd, ud, od) = (up(gpu, &g)?, up(gpu, &u)?, nan(gpu, n)?);
@@ -500,8 +500,37 @@ fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
                 d,
                 shared.then_some(&shd),
                 shared.then_some((&sld, 0)),
+                None,
             )?;
             fold(&mut w, compare(&down(gpu, &xd)?, &want));
+            // The same with the next RMSNorm fused (and its int8 output).
+            let xd = up(gpu, &x)?;
+            let nw = scaled(d, 0.5, 1.5, rng);
+            let (nwd, hd) = (up(gpu, &nw)?, nan(gpu, d)?);
+            let q8 = Q8Vec::new(gpu, d)?;
+            let norm = ops::NextNorm {
+                w: &nwd,
+                eps: 1e-6,
+                h: &hd,
+                q8: Some(&q8),
+            };
+            ops::moe_combine(
+                gpu,
+                &xd,
+                &yd,
+                &wd,
+                k,
+                d,
+                shared.then_some(&shd),
+                shared.then_some((&sld, 0)),
+                Some(norm),
+            )?;
+            let xn: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+            let (_, want_h) = r::rms_norm(&xn, None, &nw, d, 1e-6, false);
+            fold(&mut w, compare(&down(gpu, &xd)?, &want));
+            let h = down(gpu, &hd)?;
+            fold(&mut w, compare(&h, &want_h));
+            check_q8(gpu, &h, &q8, q8w)?;
         }
     }
     Ok(w)

@@ -45,3 +45,135 @@ pub trait TokenStages {
     /// `logits ← w · (RMSNorm(x)·norm)`.
     fn head(&mut self, norm: &[f32], eps: f32, w: &Weight) -> Result<(), ModelError>;
 }
+
+#[cfg(test)]
+mod tests {
+    //! The stage walk on the CPU against the model's own forward: a backend
+    //! that runs each stage with the CPU blocks must give the logits of
+    //! `Session::forward`, token by token. This checks the stage order of
+    //! `decode_stages` (what the CUDA decoder records) without a GPU.
+    use super::*;
+    use crate::arch::common::embed;
+    use crate::exec::Exec;
+    use crate::session::LayerState;
+    use crate::trace::Trace;
+    use crate::{LoadOptions, Logits, Model};
+    use redlite_cpu::ops::{add_inplace, rms_norm};
+    use std::sync::Arc;
+
+    struct CpuStages<'a> {
+        ex: Exec<'a>,
+        states: Vec<LayerState>,
+        token: u32,
+        pos: usize,
+        x: Vec<f32>,
+        h: Vec<f32>,
+        mix: Vec<f32>,
+        logits: Vec<f32>,
+        trace: Trace,
+    }
+
+    impl TokenStages for CpuStages<'_> {
+        fn embed(&mut self, w: &Weight) -> Result<(), ModelError> {
+            self.x = embed(self.ex.file, w, &[self.token])?;
+            Ok(())
+        }
+        fn norm(&mut self, w: &[f32], eps: f32, add_mix: bool) -> Result<(), ModelError> {
+            if add_mix {
+                add_inplace(&mut self.x, &self.mix);
+            }
+            self.h = self.x.clone();
+            rms_norm(&mut self.h, w, eps);
+            Ok(())
+        }
+        fn attention(
+            &mut self,
+            layer: usize,
+            w: &AttnWeights,
+            p: &AttnParams,
+        ) -> Result<(), ModelError> {
+            let LayerState::Kv(kv) = &mut self.states[layer] else {
+                panic!("layer {layer} is not attention");
+            };
+            let (h, pos) = (&self.h, self.pos);
+            self.mix = crate::blocks::attention::forward(
+                &self.ex,
+                w,
+                p,
+                h,
+                1,
+                pos,
+                kv,
+                &mut self.trace,
+                layer,
+            )?;
+            Ok(())
+        }
+        fn deltanet(
+            &mut self,
+            layer: usize,
+            w: &DeltaNetWeights,
+            p: &DeltaNetParams,
+        ) -> Result<(), ModelError> {
+            let LayerState::Recurrent(rs) = &mut self.states[layer] else {
+                panic!("layer {layer} is not DeltaNet");
+            };
+            self.mix = crate::blocks::deltanet::forward(
+                &self.ex,
+                w,
+                p,
+                &self.h,
+                1,
+                rs,
+                &mut self.trace,
+                layer,
+            )?;
+            Ok(())
+        }
+        fn moe(&mut self, layer: usize, w: &MoeWeights) -> Result<(), ModelError> {
+            let (y, _) = w.forward(&self.ex, &self.h, 1, &mut self.trace, layer)?;
+            add_inplace(&mut self.x, &y);
+            Ok(())
+        }
+        fn dense_ffn(&mut self, _layer: usize, w: &DenseFfn) -> Result<(), ModelError> {
+            let y = w.forward(&self.ex, &self.h, 1)?;
+            add_inplace(&mut self.x, &y);
+            Ok(())
+        }
+        fn head(&mut self, norm: &[f32], eps: f32, w: &Weight) -> Result<(), ModelError> {
+            let mut h = self.x.clone();
+            rms_norm(&mut h, norm, eps);
+            self.logits = self.ex.linear(w, &h, 1)?;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_stage_walk_gives_the_forward_logits() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/qwen3next/tiny-qwen3next-q8_0.gguf"
+        );
+        let file = Arc::new(redlite_gguf::GgufFile::open(path).unwrap());
+        let model = Model::load(file, LoadOptions::default()).unwrap();
+        let mut session = model.new_session(64);
+        let mut st = CpuStages {
+            ex: model.exec(),
+            states: model.arch().new_states(),
+            token: 0,
+            pos: 0,
+            x: Vec::new(),
+            h: Vec::new(),
+            mix: Vec::new(),
+            logits: Vec::new(),
+            trace: Trace::default(),
+        };
+        for (pos, token) in [5u32, 77, 300, 12, 511, 9, 64, 64].into_iter().enumerate() {
+            let want = session.forward(&model, &[token], Logits::Last).unwrap();
+            st.token = token;
+            st.pos = pos;
+            model.arch().decode_stages(&mut st).unwrap();
+            assert_eq!(st.logits, want, "position {pos}");
+        }
+    }
+}
