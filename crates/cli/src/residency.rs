@@ -33,9 +33,10 @@ pub struct MemoryArgs {
     #[arg(long, default_value_t = 4)]
     pub io_threads: usize,
     /// Pre-gating: experts of the next MoE layer prefetched per decode
-    /// step from the current hidden state (0: off).
-    #[arg(long, default_value_t = 10)]
-    pub pregate: usize,
+    /// step from the current hidden state (default: as many as a token
+    /// uses; 0: off).
+    #[arg(long)]
+    pub pregate: Option<usize>,
 }
 
 /// Plan the run's memory for `ctx` positions; print the plan line; install
@@ -61,22 +62,23 @@ pub fn apply(model: &mut Model, args: &MemoryArgs, ctx: usize) -> Result<Plan> {
     .context("memory plan")?;
     eprintln!("redlite: {p}");
     if let ExpertResidency::Cached { slots } = p.experts {
+        let pregate = args.pregate.unwrap_or(model.n_expert_used());
         model
             .set_expert_cache(ExpertCacheOptions {
                 slots: slots as usize,
                 policy: args.cache_policy,
                 io_threads: args.io_threads,
-                pregate: args.pregate,
+                pregate,
             })
             .context("setting up the expert cache")?;
         eprintln!(
             "redlite: expert cache {} policy, {} I/O threads, pre-gating {}",
             args.cache_policy.name(),
             args.io_threads,
-            if args.pregate == 0 {
+            if pregate == 0 {
                 "off".to_string()
             } else {
-                format!("{} experts", args.pregate)
+                format!("{pregate} experts")
             }
         );
     }
