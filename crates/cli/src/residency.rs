@@ -2,12 +2,9 @@
 //! line at start-up, and the bounded expert cache it may install.
 
 use crate::memory;
-use anyhow::{Context, Result};
-use redlite_model::expertcache::plan::DEFAULT_RESERVE;
-use redlite_model::expertcache::{
-    parse_size, plan, CacheStats, ExpertResidency, Plan, PlanInput, PolicyKind,
-};
-use redlite_model::{ExpertCacheOptions, Model};
+use anyhow::Result;
+use redlite_model::expertcache::{parse_size, CacheStats, ExpertCache, Plan, PolicyKind};
+use redlite_model::{ExpertCacheOptions, MemoryRequest, Model};
 
 fn size(s: &str) -> Result<u64, String> {
     parse_size(s)
@@ -43,46 +40,40 @@ pub struct MemoryArgs {
 /// the expert cache when the plan has one. Fails, with the numbers, before
 /// any weight is read when the configuration cannot fit.
 pub fn apply(model: &mut Model, args: &MemoryArgs, ctx: usize) -> Result<Plan> {
-    let layout = model.expert_layout()?;
-    let (dense, experts) = model.weight_split()?;
-    let (kv_per_position, recurrent) = model.state_bytes();
-    let p = plan(PlanInput {
-        dense_bytes: dense,
-        expert_bytes: experts,
-        n_experts: layout.n_experts(),
-        slot_bytes: layout.slot_bytes(),
-        n_used: model.n_expert_used() as u64,
-        state_bytes: kv_per_position * ctx as u64 + recurrent,
-        ctx: ctx as u64,
-        available: memory::available_bytes(),
-        memory: args.memory,
-        expert_cache: args.expert_cache,
-        reserve: DEFAULT_RESERVE,
-    })
-    .context("memory plan")?;
+    let p = model.plan_memory(&args.request(ctx, 1))?;
     eprintln!("redlite: {p}");
-    if let ExpertResidency::Cached { slots } = p.experts {
-        let pregate = args.pregate.unwrap_or(model.n_expert_used());
-        model
-            .set_expert_cache(ExpertCacheOptions {
-                slots: slots as usize,
-                policy: args.cache_policy,
-                io_threads: args.io_threads,
-                pregate,
-            })
-            .context("setting up the expert cache")?;
-        eprintln!(
-            "redlite: expert cache {} policy, {} I/O threads, pre-gating {}",
-            args.cache_policy.name(),
-            args.io_threads,
-            if pregate == 0 {
-                "off".to_string()
-            } else {
-                format!("{pregate} experts")
-            }
-        );
+    if let Some(c) = model.expert_cache() {
+        eprintln!("redlite: {}, pre-gating {}", cache_line(c), model.pregate());
     }
     Ok(p)
+}
+
+impl MemoryArgs {
+    /// The model's memory request for `sessions` states of `ctx` positions.
+    pub fn request(&self, ctx: usize, sessions: usize) -> MemoryRequest {
+        MemoryRequest {
+            memory: self.memory,
+            expert_cache: self.expert_cache,
+            available: memory::available_bytes(),
+            ctx,
+            sessions,
+            cache: ExpertCacheOptions {
+                slots: 0,
+                policy: self.cache_policy,
+                io_threads: self.io_threads,
+                pregate: self.pregate.unwrap_or(usize::MAX),
+            },
+        }
+    }
+}
+
+/// How the cache runs, in words.
+pub fn cache_line(c: &ExpertCache) -> String {
+    format!(
+        "expert cache {} policy, {} I/O threads",
+        c.policy().name(),
+        c.io_threads()
+    )
 }
 
 /// One line of cache counters, per token where `tokens` > 0.
