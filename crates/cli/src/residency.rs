@@ -27,7 +27,7 @@ pub struct MemoryArgs {
     #[arg(long, default_value = "lru")]
     pub cache_policy: PolicyKind,
     /// Threads that read expert misses and prefetches in parallel.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     pub io_threads: usize,
     /// Pre-gating: experts of the next MoE layer prefetched per decode
     /// step from the current hidden state (default: as many as a token

@@ -58,7 +58,7 @@ impl Default for ExpertCacheOptions {
         ExpertCacheOptions {
             slots: 0,
             policy: PolicyKind::Lru,
-            io_threads: 4,
+            io_threads: 8,
             pregate: 0,
         }
     }

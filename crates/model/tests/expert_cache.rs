@@ -172,7 +172,10 @@ fn plan_memory_installs_a_cache_or_refuses() {
             ..req
         })
         .unwrap_err();
-    assert!(matches!(e, ModelError::Plan(PlanError::TooSmall { .. })), "{e}");
+    assert!(
+        matches!(e, ModelError::Plan(PlanError::TooSmall { .. })),
+        "{e}"
+    );
     assert!(m.expert_cache().is_none());
     // enough for everything: mapped, no cache
     let p = m
