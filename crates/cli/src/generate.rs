@@ -11,12 +11,22 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::memory;
+
 /// Everything `redlite generate` takes.
 #[derive(clap::Args, Debug, Clone)]
 pub struct GenerateArgs {
     /// The GGUF model file.
     #[arg(short, long)]
     pub model: PathBuf,
+    /// Map the model file (pages read on demand) even when it fits in memory.
+    #[arg(long, conflicts_with = "no_mmap")]
+    pub mmap: bool,
+    /// Read the whole model file into memory (huge pages) even when it takes
+    /// more than half of the available memory. Default: read in when it fits
+    /// in half of it, else map.
+    #[arg(long)]
+    pub no_mmap: bool,
     /// The prompt text.
     #[arg(short, long, conflicts_with = "prompt_ids")]
     pub prompt: Option<String>,
@@ -77,6 +87,14 @@ pub struct GenerateArgs {
     /// Run the float reference path instead of the fast path.
     #[arg(long)]
     pub reference: bool,
+    /// Where to run: cpu, or cuda (builds with `--features cuda`: one CUDA
+    /// graph per token; the prompt runs token by token).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
+    /// With --device cuda: f32 activations everywhere (the CPU reference
+    /// path's math) instead of int8 activations for the int8 kernels.
+    #[arg(long)]
+    pub f32_activations: bool,
     /// Write the logits of every prompt position and every generated token as little-endian f32 (rows of n_vocab).
     #[arg(long)]
     pub dump_logits: Option<PathBuf>,
@@ -107,8 +125,12 @@ fn warm_pages(model: &Model) {
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     let path = &args.model;
-    let file = GgufFile::open(path).with_context(|| format!("opening model {}", path.display()))?;
-    let file = Arc::new(file);
+    let file = Arc::new(memory::open_model(
+        path,
+        args.mmap,
+        args.no_mmap,
+        &args.mem,
+    )?);
     let mut model = Model::load(
         file.clone(),
         LoadOptions {
@@ -128,7 +150,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         args.ctx_size
     };
     eprintln!(
-        "redlite: {} ({}), {} layers, {} threads, {} path",
+        "redlite: {} ({}), {} layers, {} threads, {} path, weights {}",
         path.display(),
         model.arch().name(),
         model.arch().n_layer(),
@@ -138,6 +160,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         } else {
             "fast"
         },
+        memory::weights_residency(&file),
     );
     crate::residency::apply(&mut model, &args.mem, ctx)?;
 
@@ -198,9 +221,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         seed,
     });
 
-    let mut session = model.new_session(ctx);
+    let mut session = Runner::new(&args.device, &model, ctx, args.f32_activations)?;
     if args.dump_trace.is_some() {
-        session.enable_trace();
+        session.enable_trace()?;
     }
     let mut logit_dump = match &args.dump_logits {
         Some(p) => Some(std::io::BufWriter::new(
@@ -224,7 +247,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         logits.drain(..logits.len() - n_vocab);
     }
     if let Some(p) = &args.dump_trace {
-        write_trace(p, &session.trace.take())?;
+        write_trace(p, &session.take_trace())?;
     }
 
     let mut history = prompt.clone();
@@ -321,4 +344,76 @@ pub fn tokenize(model: &PathBuf, text: &str, no_special: bool) -> Result<Vec<u32
     let tok = Tokenizer::from_gguf(file.metadata())
         .with_context(|| format!("tokenizer of {}", model.display()))?;
     Ok(tok.encode(text, !no_special))
+}
+
+/// Where the forward passes run.
+enum Runner {
+    Cpu(redlite_model::Session),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<redlite_cuda::decoder::CudaDecoder>),
+}
+
+impl Runner {
+    fn new(device: &str, model: &Model, ctx: usize, f32_act: bool) -> Result<Self> {
+        let _ = f32_act;
+        match device {
+            #[cfg(feature = "cuda")]
+            "cuda" => {
+                let gpu = redlite_cuda::Gpu::new(0)?;
+                let dec = redlite_cuda::decoder::CudaDecoder::new(
+                    gpu,
+                    model,
+                    &redlite_cuda::decoder::DecoderOptions {
+                        ctx,
+                        nsplit: None,
+                        int8: !f32_act,
+                    },
+                )?;
+                eprintln!(
+                    "redlite: cuda: {}, {:.1} GiB on the device",
+                    dec.gpu().name,
+                    dec.device_bytes as f64 / (1u64 << 30) as f64
+                );
+                Ok(Runner::Cuda(Box::new(dec)))
+            }
+            "cpu" => Ok(Runner::Cpu(model.new_session(ctx))),
+            other => bail!("--device {other}: this redlite was built without it"),
+        }
+    }
+
+    fn enable_trace(&mut self) -> Result<()> {
+        match self {
+            Runner::Cpu(s) => s.enable_trace(),
+            #[cfg(feature = "cuda")]
+            Runner::Cuda(_) => bail!("--dump-trace runs on the CPU only"),
+        }
+        Ok(())
+    }
+
+    fn take_trace(&mut self) -> Vec<redlite_model::trace::TraceRecord> {
+        match self {
+            Runner::Cpu(s) => s.trace.take(),
+            #[cfg(feature = "cuda")]
+            Runner::Cuda(_) => Vec::new(),
+        }
+    }
+
+    fn forward(&mut self, model: &Model, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        match self {
+            Runner::Cpu(s) => Ok(s.forward(model, tokens, want)?),
+            #[cfg(feature = "cuda")]
+            Runner::Cuda(d) => {
+                let mut all = Vec::new();
+                for &t in tokens {
+                    let l = d.step(model, t)?;
+                    if want == Logits::All || all.is_empty() {
+                        all.extend(l);
+                    } else {
+                        all = l;
+                    }
+                }
+                Ok(all)
+            }
+        }
+    }
 }

@@ -1,5 +1,7 @@
 //! The logic behind the `redlite` command, kept in a library so tests reach it.
 
+#[cfg(feature = "cuda")]
+pub mod cudabench;
 pub mod generate;
 pub mod inspect;
 pub mod memory;

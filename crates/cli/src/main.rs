@@ -48,6 +48,22 @@ enum Command {
     /// CUDA kernel self-test: every kernel against a float64 CPU reference (needs a GPU).
     #[cfg(feature = "cuda")]
     Selftest,
+    /// CUDA decoder against the CPU engine on GGUF files: logits at every step (argmax, KL, max |dlogit|) and greedy tokens (needs a GPU).
+    #[cfg(feature = "cuda")]
+    Parity {
+        /// The GGUF files (e.g. tests/fixtures/qwen3next/*.gguf).
+        #[arg(short, long, num_args = 1.., required = true)]
+        model: Vec<PathBuf>,
+        /// Prompt tokens (random ids), run one at a time on both.
+        #[arg(long, default_value_t = 24)]
+        n_prompt: usize,
+        /// Greedy tokens after the prompt.
+        #[arg(long, default_value_t = 32)]
+        n_greedy: usize,
+        /// KL gate (per step, CPU || GPU).
+        #[arg(long, default_value_t = 1e-4)]
+        kl_max: f64,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -79,7 +95,11 @@ enum BenchCommand {
     Model(Box<modelbench::ModelBenchArgs>),
     /// CUDA kernels: GB/s per kernel and shape against the measured device copy bandwidth.
     #[cfg(feature = "cuda")]
-    Kernels,
+    Kernels {
+        /// Only the decode kernels other than the GEMVs (attention, DeltaNet step).
+        #[arg(long)]
+        decode_only: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -113,9 +133,16 @@ fn main() -> Result<()> {
         #[cfg(feature = "cuda")]
         Command::Selftest => redlite_cuda::selftest_cli()?,
         #[cfg(feature = "cuda")]
+        Command::Parity {
+            model,
+            n_prompt,
+            n_greedy,
+            kl_max,
+        } => redlite_cli::cudabench::parity_cli(&model, n_prompt, n_greedy, kl_max)?,
+        #[cfg(feature = "cuda")]
         Command::Bench {
-            what: BenchCommand::Kernels,
-        } => redlite_cuda::bench_cli()?,
+            what: BenchCommand::Kernels { decode_only },
+        } => redlite_cuda::bench_cli(decode_only)?,
         Command::Tokenize {
             model,
             no_special,

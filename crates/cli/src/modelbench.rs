@@ -31,6 +31,13 @@ pub struct ModelBenchArgs {
     /// The GGUF model file.
     #[arg(short, long)]
     pub model: PathBuf,
+    /// Map the model file even when it fits in memory.
+    #[arg(long, conflicts_with = "no_mmap")]
+    pub mmap: bool,
+    /// Read the whole model file into memory (huge pages). Default: read in
+    /// when it fits in half of the available memory, else map.
+    #[arg(long)]
+    pub no_mmap: bool,
     /// Prompt lengths to time (0 or empty: no prompt test).
     #[arg(
         short = 'p',
@@ -97,6 +104,16 @@ pub struct ModelBenchArgs {
     pub dump_routes: Option<PathBuf>,
     #[command(flatten)]
     pub mem: crate::residency::MemoryArgs,
+    /// Where to run: cpu, or cuda (builds with `--features cuda`; decode
+    /// only: one token per CUDA graph replay, prompts run token by token,
+    /// and a depth is set as a position without computing the tokens before
+    /// it: the KV rows there are zeros, the timing is that of the depth).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
+    /// With --device cuda: f32 activations everywhere instead of int8
+    /// activations for the formats with int8 kernels.
+    #[arg(long)]
+    pub f32_activations: bool,
 }
 
 /// One test's result.
@@ -371,8 +388,15 @@ fn prompt(model: &Model, p: usize, rng: &mut Rng) -> Result<f64> {
 
 pub fn run(args: ModelBenchArgs) -> Result<()> {
     let path = &args.model;
-    let file = Arc::new(
-        GgufFile::open(path).with_context(|| format!("opening model {}", path.display()))?,
+    let file = Arc::new(crate::memory::open_model(
+        path,
+        args.mmap || args.mmap_advice.is_some(),
+        args.no_mmap,
+        &args.mem,
+    )?);
+    eprintln!(
+        "redlite bench: weights {}",
+        crate::memory::weights_residency(&file)
     );
     let mut model = Model::load(
         file.clone(),
@@ -449,9 +473,18 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
     let reps = args.repetitions.max(1);
     let mut rng = Rng(args.seed);
     let mut results = Vec::new();
+    let backend = if args.device == "cuda" { "CUDA" } else { "CPU" };
+    if args.device == "cuda" {
+        #[cfg(feature = "cuda")]
+        {
+            results = crate::cudabench::results(&args, &model, &tests, reps, args.seed)?;
+        }
+        #[cfg(not(feature = "cuda"))]
+        bail!("--device cuda: this redlite was built without the cuda feature");
+    }
     // Depth fills are done once per depth and cloned for every run.
     let mut filled: Option<(usize, Session)> = None;
-    for &(p, n, d) in &tests {
+    for &(p, n, d) in tests.iter().filter(|_| args.device == "cpu") {
         let mut r = TestResult {
             n_prompt: p,
             n_gen: n,
@@ -519,6 +552,7 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
                 let ns: Vec<u64> = r.secs.iter().map(|s| (s * 1e9) as u64).collect();
                 serde_json::json!({
                     "engine": "redlite",
+                    "backend": backend,
                     "model_filename": path.display().to_string(),
                     "model_type": desc,
                     "model_size": size,
@@ -552,7 +586,7 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
         for r in &results {
             let ts = r.samples_ts();
             println!(
-                "| {desc} | {:.2} GiB | {:.2} B | CPU | {threads} | {} | {:.2} ± {:.2} |",
+                "| {desc} | {:.2} GiB | {:.2} B | {backend} | {threads} | {} | {:.2} ± {:.2} |",
                 size as f64 / (1u64 << 30) as f64,
                 n_params as f64 / 1e9,
                 r.name(),

@@ -40,6 +40,17 @@ pub struct MemoryArgs {
 /// the expert cache when the plan has one. Fails, with the numbers, before
 /// any weight is read when the configuration cannot fit.
 pub fn apply(model: &mut Model, args: &MemoryArgs, ctx: usize) -> Result<Plan> {
+    if model.file().is_in_memory() {
+        // The whole file is already in anonymous memory: a cache of its
+        // experts would only add to it.
+        let size = model.file().file_size();
+        if args.expert_cache.is_some() || args.memory.is_some_and(|m| m < size) {
+            anyhow::bail!(
+                "--no-mmap read the whole file ({}) into memory, which a bounded expert cache or a smaller --memory cannot undo: drop --no-mmap",
+                memory::human(size)
+            );
+        }
+    }
     let p = model.plan_memory(&args.request(ctx, 1))?;
     eprintln!("redlite: {p}");
     if let Some(c) = model.expert_cache() {

@@ -14,6 +14,7 @@ pub mod matmul;
 pub mod matmul_ref;
 pub mod ops;
 pub mod pool;
+mod vexp;
 
 pub use error::CpuError;
 pub use matmul::QMatrix;

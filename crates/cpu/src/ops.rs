@@ -65,6 +65,28 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// [`swiglu`] on the fast path: vectorised (`exp` within 2 ulp of libm's,
+/// see `vexp`) and split over the pool's threads for long rows of tokens.
+pub fn swiglu_fast(pool: &crate::Pool, gate: &mut [f32], up: &[f32]) {
+    use rayon::prelude::*;
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        const CHUNK: usize = 16 * 1024;
+        if gate.len() <= CHUNK {
+            // SAFETY: AVX2 and FMA checked just above.
+            return unsafe { crate::vexp::swiglu_avx2(gate, up) };
+        }
+        return pool.install(|| {
+            gate.par_chunks_mut(CHUNK)
+                .zip(up.par_chunks(CHUNK))
+                // SAFETY: AVX2 and FMA checked above.
+                .for_each(|(g, u)| unsafe { crate::vexp::swiglu_avx2(g, u) })
+        });
+    }
+    let _ = pool;
+    swiglu(gate, up)
+}
+
 /// Softmax of `x` in place (max-subtracted).
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -102,6 +124,11 @@ impl Rope {
 
     pub fn n_rot(&self) -> usize {
         self.n_rot
+    }
+
+    /// `base^(-2i/n_rot)` for `i < n_rot/2` (the table `apply` uses).
+    pub fn inv_freq(&self) -> &[f64] {
+        &self.inv_freq
     }
 
     /// Rotate every `head_dim`-wide head of `x` for position `pos`: pairs

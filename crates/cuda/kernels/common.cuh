@@ -7,6 +7,9 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+// No math headers under NVRTC: infinity by its bits.
+#define INFINITY __int_as_float(0x7f800000)
+
 // f16 bits -> f32 (exact), without cuda_fp16.h.
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
@@ -41,4 +44,38 @@ __device__ __forceinline__ float ubyte_f(u32 w, int k) {
 // The same for a signed byte; `wx` is the word XOR 0x80808080.
 __device__ __forceinline__ float sbyte_f(u32 wx, int k) {
     return __int_as_float(__byte_perm(wx, 0x4B000000u, 0x7540u | (u32)k)) - 8388736.0f;
+}
+
+// Sum of one double per thread over the whole block (blockDim a multiple of
+// 32, at most 1024); every thread gets the total. `scratch` holds 32
+// doubles of shared memory; the call has two barriers, so every thread of
+// the block must make it.
+__device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int w = 0; w < nw; w++) t += scratch[w];
+    return t;
+}
+
+// x * sigmoid(x), and sigmoid, with the CPU's operation order
+// (crates/cpu/src/ops.rs): 1 / (1 + e^-x), IEEE division.
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_f(float x) { return __fmul_rn(x, sigmoid_f(x)); }
+
+// int8 activations for the GEMV kernels, written where a vector is produced
+// (as quantize_q8.cu does): the 32 lanes of a full warp hold v for the 32
+// consecutive, 32-aligned indices i; per 32: d = max|v| / 127, q = round(v/d).
+__device__ __forceinline__ void warp_q8(float v, int i, signed char* __restrict__ q,
+                                        float* __restrict__ qd) {
+    float a = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    const float id = a > 0.f ? 127.f / a : 0.f;
+    q[i] = (signed char)__float2int_rn(v * id);
+    if ((i & 31) == 0) qd[i >> 5] = a / 127.f;
 }

@@ -5,12 +5,12 @@
 //! on an H200) cannot hold them.
 
 use crate::device::Gpu;
+use crate::error::{CudaError, Result};
 use crate::gemv::{
     kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
 };
 use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{random_vec, random_weights, Rng};
-use anyhow::Result;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaSlice;
 use redlite_gguf::GgmlType;
@@ -46,7 +46,7 @@ fn time(gpu: &Gpu, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
     let graph = gpu
         .stream
         .end_capture(CUgraphInstantiate_flags(0))?
-        .ok_or_else(|| anyhow::anyhow!("empty graph"))?;
+        .ok_or_else(|| CudaError::Invalid("empty graph".into()))?;
     graph.launch()?;
     gpu.sync()?;
     let mut ts = Vec::with_capacity(BATCHES);
@@ -167,6 +167,124 @@ pub fn run(gpu: &Gpu, nrs: &[Variant]) -> Result<Vec<BenchRow>> {
         }
     }
     run_q8(gpu, &mut rng, &mut out)?;
+    out.extend(run_decode_ops(gpu)?);
+    Ok(out)
+}
+
+/// Decode attention (Qwen3-Next's 16 query / 2 KV heads x 256, f32 KV) at
+/// several lengths, bytes = K and V read once; the fused DeltaNet step
+/// (32 value heads of 128 x 128), bytes = the state read and written. Both
+/// rotate over copies so L2 does not hold them.
+pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
+    let rng = &mut Rng(0xa77e);
+    let mut out = Vec::new();
+    use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
+    let a = AttnDims {
+        n_head: 16,
+        n_kv: 2,
+        hd: 256,
+        n_rot: 64,
+        gated: true,
+    };
+    let nsplit = ops::default_nsplit(&a, gpu.sms);
+    for n in [4096usize, 32768, 131072] {
+        let kv_bytes = 2 * n * a.n_kv * a.hd * 4;
+        let copies = (ROTATE_BYTES / kv_bytes).clamp(1, 12);
+        let caches: Vec<(CudaSlice<f32>, CudaSlice<f32>)> = (0..copies)
+            .map(|_| {
+                let k = gpu.stream.clone_htod(&random_vec(n * a.n_kv * a.hd, rng))?;
+                let v = gpu.stream.clone_htod(&random_vec(n * a.n_kv * a.hd, rng))?;
+                Ok((k, v))
+            })
+            .collect::<Result<_>>()?;
+        let q = gpu.stream.clone_htod(&random_vec(a.n_head * a.hd, rng))?;
+        let qf = gpu
+            .stream
+            .clone_htod(&random_vec(2 * a.n_head * a.hd, rng))?;
+        let pos = gpu.stream.clone_htod(&[(n - 1) as i32])?;
+        let sc = AttnScratch::new(gpu, &a, nsplit)?;
+        let o: CudaSlice<f32> = gpu.stream.alloc_zeros(a.n_head * a.hd)?;
+        let t = time(gpu, |i| {
+            let (k, v) = &caches[i % copies];
+            ops::attention(
+                gpu,
+                &a,
+                &q,
+                k,
+                v,
+                &pos,
+                &sc,
+                Some((&qf, 0)),
+                &o,
+                None,
+                0.0625,
+            )
+        })?;
+        out.push(BenchRow {
+            kernel: format!("attn_split_g8_d8 + attn_merge ({nsplit} slices)"),
+            shape: format!("16q/2kv x 256, n {n}"),
+            bytes: kv_bytes,
+            us: t * 1e6,
+            gbps: kv_bytes as f64 / t / 1e9,
+        });
+    }
+    let d = GdnDims {
+        n_k: 16,
+        n_v: 32,
+        dk: 128,
+        dv: 128,
+        conv_kernel: 4,
+    };
+    let copies = 36;
+    let states: Vec<(CudaSlice<f32>, CudaSlice<f32>)> = (0..copies)
+        .map(|_| {
+            let st = gpu.stream.clone_htod(&random_vec(d.state_len(), rng))?;
+            let ring = gpu.stream.alloc_zeros(d.conv_kernel * d.conv_dim())?;
+            Ok((st, ring))
+        })
+        .collect::<Result<_>>()?;
+    let f = |n: usize, rng: &mut Rng| gpu.stream.clone_htod(&random_vec(n, rng));
+    let (qkv, z, ba) = (f(d.conv_dim(), rng)?, f(32 * 128, rng)?, f(64, rng)?);
+    let (cw, dtb, sa, nw) = (
+        f(4 * d.conv_dim(), rng)?,
+        f(32, rng)?,
+        f(32, rng)?,
+        f(128, rng)?,
+    );
+    let o: CudaSlice<f32> = gpu.stream.alloc_zeros(32 * 128)?;
+    let pos = gpu.stream.clone_htod(&[7i32])?;
+    let w = GdnWeights {
+        conv_w: &cw,
+        dt_bias: &dtb,
+        ssm_a: &sa,
+        norm_w: &nw,
+    };
+    let t = time(gpu, |i| {
+        let (st, ring) = &states[i % copies];
+        ops::gdn_step(
+            gpu,
+            &d,
+            &w,
+            (&qkv, 0),
+            (&z, 0),
+            (&ba, 0),
+            ring,
+            st,
+            &o,
+            None,
+            &pos,
+            1e-6,
+            1e-6,
+        )
+    })?;
+    let bytes = 2 * d.state_len() * 4;
+    out.push(BenchRow {
+        kernel: "gdn_step".into(),
+        shape: "32 value heads x 128x128 (state read + written)".into(),
+        bytes,
+        us: t * 1e6,
+        gbps: bytes as f64 / t / 1e9,
+    });
     Ok(out)
 }
 

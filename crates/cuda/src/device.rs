@@ -1,7 +1,7 @@
 //! The device: one context, one stream, the compiled kernels.
 
+use crate::error::{Context, CudaError, Result};
 use crate::kernels;
-use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,18 +15,32 @@ pub struct Gpu {
     pub name: String,
     /// Seconds spent in NVRTC + module load.
     pub compile_s: f64,
+    /// Streaming multiprocessors (sizes the split of decode attention).
+    pub sms: usize,
 }
 
 impl Gpu {
     /// Open device `ordinal` (loads libcuda and libnvrtc at run time) and
     /// compile every kernel file.
     pub fn new(ordinal: usize) -> Result<Self> {
-        // cudarc panics when libcuda cannot be loaded: make that an error.
-        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
-            .map_err(|_| anyhow!("libcuda not found (no NVIDIA driver on this machine?)"))?
+        // cudarc panics when libcuda cannot be loaded: make that an error
+        // (the panic's own message is kept off stderr meanwhile).
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal));
+        std::panic::set_hook(hook);
+        let ctx = ctx
+            .map_err(|_| {
+                CudaError::Invalid("libcuda not found (no NVIDIA driver on this machine?)".into())
+            })?
             .context("opening the CUDA device")?;
         let (major, minor) = ctx.compute_capability()?;
         let name = format!("{} (sm_{major}{minor})", ctx.name()?);
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_or(132, |n| n.max(1) as usize);
         // SAFETY: everything this crate does runs on the one stream below,
         // so cudarc's per-buffer events (cross-stream ordering) are not
         // needed; without them launches can be captured into CUDA graphs.
@@ -51,6 +65,7 @@ impl Gpu {
             funcs,
             name,
             compile_s: t.elapsed().as_secs_f64(),
+            sms,
         })
     }
 
@@ -58,7 +73,7 @@ impl Gpu {
     pub fn func(&self, name: &str) -> Result<&CudaFunction> {
         self.funcs
             .get(name)
-            .ok_or_else(|| anyhow!("no kernel {name:?} loaded"))
+            .ok_or_else(|| CudaError::Invalid(format!("no kernel {name:?} loaded")))
     }
 
     /// Wait for the stream and surface any asynchronous kernel error.

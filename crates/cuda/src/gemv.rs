@@ -1,8 +1,8 @@
 //! Decode GEMV launches: one matrix, or routed experts through slots.
 
 use crate::device::Gpu;
-use crate::layout::{layout, DeviceLayout};
-use anyhow::{bail, ensure, Result};
+use crate::error::{bail, ensure, Result};
+use crate::layout::{layout, to_device_bytes, upload_layout, DeviceLayout};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use redlite_gguf::GgmlType;
 
@@ -45,6 +45,7 @@ impl From<u32> for Variant {
 pub fn kernel_name(ty: GgmlType, v: impl Into<Variant>) -> Result<String> {
     let Variant { nr, x2 } = v.into();
     let tag = match ty {
+        GgmlType::F32 => "f32",
         GgmlType::Q4_K => "q4_k",
         GgmlType::Q6_K => "q6_k",
         GgmlType::IQ2_XXS => "iq2_xxs",
@@ -173,6 +174,25 @@ impl DeviceMatrix {
         })
     }
 
+    /// Upload a GGUF `ty` tensor of `rows` x `cols`: in its own layout when
+    /// a kernel reads it, else dequantized to F32 ([`upload_layout`]).
+    pub fn from_gguf(
+        gpu: &Gpu,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        gguf: &[u8],
+    ) -> Result<Self> {
+        let layout = upload_layout(ty, cols)?;
+        let dev = to_device_bytes(&layout, ty, gguf, rows, cols)?;
+        Ok(Self {
+            layout,
+            rows,
+            cols,
+            buf: gpu.stream.clone_htod(&dev)?,
+        })
+    }
+
     pub fn bytes(&self) -> usize {
         self.buf.len()
     }
@@ -239,6 +259,48 @@ impl DeviceMatrix {
     }
 }
 
+impl DeviceMatrix {
+    /// `y[..rows] = self·x` and `y[rows..2*rows] = other·x` in one launch
+    /// (int8 activations; both matrices of one format and shape: an FFN's
+    /// gate and up).
+    pub fn gemv_q8_pair(
+        &self,
+        other: &DeviceMatrix,
+        gpu: &Gpu,
+        x: &Q8Vec,
+        y: &mut CudaSlice<f32>,
+        nr: impl Into<Q8Variant>,
+    ) -> Result<()> {
+        ensure!(
+            self.layout == other.layout
+                && (self.rows, self.cols, self.bytes()) == (other.rows, other.cols, other.bytes()),
+            "gemv_q8_pair: the matrices differ in format or shape"
+        );
+        ensure!(
+            x.n >= self.cols && y.len() >= 2 * self.rows,
+            "gemv_q8_pair: short x or y"
+        );
+        launch_q8(
+            gpu,
+            Q8Launch {
+                layout: &self.layout,
+                v: nr.into(),
+                w0: &self.buf,
+                w1: &other.buf,
+                n_first: 1,
+                mat_bytes: self.bytes() as u64,
+                slots: None,
+                n_mats: 2,
+                x,
+                x_stride: 0,
+                rows: self.rows,
+                cols: self.cols,
+            },
+            y,
+        )
+    }
+}
+
 /// The experts of one stacked tensor (e.g. `blk.N.ffn_up_exps`), each a
 /// `rows` x `cols` matrix in its own slot of `stride` bytes (256-byte
 /// aligned). Which expert sits in which slot is the
@@ -264,6 +326,43 @@ impl ExpertStack {
             n_slots,
             stride,
             buf: gpu.stream.alloc_zeros(stride * n_slots)?,
+        })
+    }
+
+    /// Every expert of a stacked GGUF `ty` tensor (`n` experts of
+    /// `rows_total` rows each, expert index slowest), rows
+    /// `row0..row0 + rows` of each (a merged gate|up tensor gives gate and
+    /// up separately), expert e in slot e (full residency). Formats without
+    /// a kernel are dequantized to F32 ([`upload_layout`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_gguf(
+        gpu: &Gpu,
+        ty: GgmlType,
+        rows_total: usize,
+        row0: usize,
+        rows: usize,
+        cols: usize,
+        n: usize,
+        gguf: &[u8],
+    ) -> Result<Self> {
+        ensure!(n >= 1 && row0 + rows <= rows_total && gguf.len().is_multiple_of(n * rows_total));
+        let layout = upload_layout(ty, cols)?;
+        let stride = layout.matrix_bytes(rows, cols)?.next_multiple_of(256);
+        let per = gguf.len() / n;
+        let row_bytes = per / rows_total;
+        let mut host = vec![0u8; stride * n];
+        for e in 0..n {
+            let src = &gguf[e * per + row0 * row_bytes..][..rows * row_bytes];
+            let dev = to_device_bytes(&layout, ty, src, rows, cols)?;
+            host[e * stride..][..dev.len()].copy_from_slice(&dev);
+        }
+        Ok(Self {
+            layout,
+            rows,
+            cols,
+            n_slots: n,
+            stride,
+            buf: gpu.stream.clone_htod(&host)?,
         })
     }
 

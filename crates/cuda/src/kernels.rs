@@ -9,7 +9,7 @@
 //! parallel). CI compiles the same expanded text with PyPI's NVRTC 12.9 and
 //! assembles it with `ptxas -arch=sm_90` (`scripts/check-cuda-kernels.sh`).
 
-use anyhow::{anyhow, bail, Result};
+use crate::error::{CudaError, Result};
 
 /// One `.cu` file and the kernels it defines.
 pub struct KernelFile {
@@ -68,6 +68,55 @@ pub const FILES: &[KernelFile] = &[
         kernels: gemv_f32_names!("gemv_q8_0"),
     },
     KernelFile {
+        name: "gemv_f32.cu",
+        source: kernel_dir!("gemv_f32.cu"),
+        kernels: gemv_f32_names!("gemv_f32"),
+    },
+    KernelFile {
+        name: "norm.cu",
+        source: kernel_dir!("norm.cu"),
+        kernels: &["rms_norm"],
+    },
+    KernelFile {
+        name: "attn_prep.cu",
+        source: kernel_dir!("attn_prep.cu"),
+        kernels: &["attn_prep"],
+    },
+    KernelFile {
+        name: "attention.cu",
+        source: kernel_dir!("attention.cu"),
+        kernels: &[
+            "attn_split_g1_d2",
+            "attn_split_g2_d2",
+            "attn_split_g4_d2",
+            "attn_split_g8_d2",
+            "attn_split_g1_d4",
+            "attn_split_g2_d4",
+            "attn_split_g4_d4",
+            "attn_split_g8_d4",
+            "attn_split_g1_d8",
+            "attn_split_g2_d8",
+            "attn_split_g4_d8",
+            "attn_split_g8_d8",
+            "attn_merge",
+        ],
+    },
+    KernelFile {
+        name: "deltanet.cu",
+        source: kernel_dir!("deltanet.cu"),
+        kernels: &["gdn_step"],
+    },
+    KernelFile {
+        name: "router.cu",
+        source: kernel_dir!("router.cu"),
+        kernels: &["router_topk"],
+    },
+    KernelFile {
+        name: "elementwise.cu",
+        source: kernel_dir!("elementwise.cu"),
+        kernels: &["swiglu", "add_inplace", "moe_combine", "moe_combine_norm"],
+    },
+    KernelFile {
         name: "quantize_q8.cu",
         source: kernel_dir!("quantize_q8.cu"),
         kernels: &["quantize_q8_32"],
@@ -113,7 +162,7 @@ fn expand_into(src: &str, out: &mut String, seen: &mut Vec<&'static str>) -> Res
             let (hname, htext) = HEADERS
                 .iter()
                 .find(|(n, _)| *n == name)
-                .ok_or_else(|| anyhow!("unknown kernel header {name:?}"))?;
+                .ok_or_else(|| CudaError::Compile(format!("unknown kernel header {name:?}")))?;
             if !seen.contains(hname) {
                 seen.push(hname);
                 expand_into(htext, out, seen)?;
@@ -141,10 +190,13 @@ pub fn compile(file: &KernelFile) -> Result<cudarc::nvrtc::Ptx> {
     let src = expand(file.source)?;
     match cudarc::nvrtc::compile_ptx_with_opts(&src, nvrtc_options(file.name)) {
         Ok(ptx) => Ok(ptx),
-        Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => {
-            bail!("NVRTC failed on {}:\n{}", file.name, log.to_string_lossy())
-        }
-        Err(e) => bail!("NVRTC failed on {}: {e:?}", file.name),
+        Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => Err(CudaError::Compile(
+            format!("NVRTC failed on {}:\n{}", file.name, log.to_string_lossy()),
+        )),
+        Err(e) => Err(CudaError::Compile(format!(
+            "NVRTC failed on {}: {e:?}",
+            file.name
+        ))),
     }
 }
 
@@ -153,7 +205,10 @@ pub fn compile_all() -> Result<Vec<cudarc::nvrtc::Ptx>> {
     std::thread::scope(|s| {
         let hs: Vec<_> = FILES.iter().map(|f| s.spawn(move || compile(f))).collect();
         hs.into_iter()
-            .map(|h| h.join().map_err(|_| anyhow!("NVRTC thread panicked"))?)
+            .map(|h| {
+                h.join()
+                    .map_err(|_| CudaError::Compile("NVRTC thread panicked".into()))?
+            })
             .collect()
     })
 }
@@ -170,8 +225,12 @@ mod tests {
             assert!(src.contains("__device__ __forceinline__ float h2f"));
             for k in f.kernels {
                 let prefix = k.rsplit_once("_r").map_or(*k, |p| p.0);
+                let attn = k
+                    .strip_prefix("attn_split_g")
+                    .and_then(|r| r.split_once("_d"))
+                    .is_some_and(|(g, d)| src.contains(&format!("ATTN_SPLIT({g}, {d})")));
                 assert!(
-                    src.contains(&format!("GEMV_KERNELS({prefix},")) || src.contains(k),
+                    src.contains(&format!("GEMV_KERNELS({prefix},")) || src.contains(k) || attn,
                     "{k}"
                 );
             }

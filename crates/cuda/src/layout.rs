@@ -14,7 +14,7 @@
 //! aligned. Q4_K (144 bytes, `d` and `dmin` in its 16-byte header) stays
 //! whole. `kernels/gemv_common.cuh` reads exactly this.
 
-use anyhow::{bail, Result};
+use crate::error::{bail, CudaError, Result};
 use redlite_gguf::GgmlType;
 
 /// The device layout of one block format.
@@ -31,8 +31,11 @@ pub struct DeviceLayout {
     pub d_at: Option<usize>,
 }
 
-/// The formats with device GEMV kernels.
-pub const GEMV_TYPES: [GgmlType; 4] = [
+/// The formats with device GEMV kernels. F32 matrices are seen as blocks
+/// of 32 floats (no scale); every other format is dequantized to F32 on
+/// upload ([`upload_layout`]).
+pub const GEMV_TYPES: [GgmlType; 5] = [
+    GgmlType::F32,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::IQ2_XXS,
@@ -42,6 +45,15 @@ pub const GEMV_TYPES: [GgmlType; 4] = [
 /// The layout of `ty`, or an error for formats without device kernels.
 pub fn layout(ty: GgmlType) -> Result<DeviceLayout> {
     let (qk, block_bytes, payload, d_at) = match ty {
+        GgmlType::F32 => {
+            return Ok(DeviceLayout {
+                ty,
+                qk: 32,
+                block_bytes: 128,
+                payload: 128,
+                d_at: None,
+            })
+        }
         GgmlType::Q4_K => (256, 144, 144, None),
         GgmlType::Q6_K => (256, 210, 208, Some(208)),
         GgmlType::IQ2_XXS => (256, 66, 64, Some(0)),
@@ -57,6 +69,39 @@ pub fn layout(ty: GgmlType) -> Result<DeviceLayout> {
         payload,
         d_at,
     })
+}
+
+/// The layout a `ty` matrix of `cols` columns is uploaded in: its own when
+/// a kernel reads it, else F32 (dequantized on the host by
+/// [`to_device_bytes`]).
+pub fn upload_layout(ty: GgmlType, cols: usize) -> Result<DeviceLayout> {
+    match layout(ty) {
+        Ok(l) if cols.is_multiple_of(l.qk) => Ok(l),
+        _ => layout(GgmlType::F32),
+    }
+}
+
+/// GGUF bytes of a `rows` x `cols` `ty` tensor in the device layout `l`
+/// (from [`upload_layout`]): repacked, or dequantized to F32.
+pub fn to_device_bytes(
+    l: &DeviceLayout,
+    ty: GgmlType,
+    gguf: &[u8],
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<u8>> {
+    if l.ty == ty {
+        return l.repack(gguf, rows, cols);
+    }
+    let mut f = vec![0f32; rows * cols];
+    redlite_cpu::matmul::dequantize_into(ty, gguf, &mut f).map_err(|e| {
+        CudaError::from(e).context(format!("dequantizing a {ty:?} matrix for the device"))
+    })?;
+    l.repack(
+        &f.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+        rows,
+        cols,
+    )
 }
 
 impl DeviceLayout {
@@ -131,6 +176,10 @@ mod tests {
     fn sizes_match_the_quant_crate() {
         for ty in GEMV_TYPES {
             let l = layout(ty).unwrap();
+            if ty == GgmlType::F32 {
+                assert_eq!((l.qk, l.block_bytes, l.payload), (32, 128, 128));
+                continue;
+            }
             assert_eq!(l.qk, ty.block_size(), "{ty:?}");
             assert_eq!(l.block_bytes, ty.type_size(), "{ty:?}");
             assert_eq!(l.payload % 16, 0, "{ty:?} payload not 16-byte aligned");

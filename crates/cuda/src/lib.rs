@@ -4,53 +4,76 @@
 //! - `kernels/*.cu`: one kernel family per file, compiled at run time with
 //!   NVRTC for sm_90 ([`kernels`] says why).
 //! - [`layout`]: how quantized matrices sit on the device (payloads 16-byte
-//!   aligned, f16 scales split out).
+//!   aligned, f16 scales split out; formats without a kernel dequantized to
+//!   F32).
 //! - [`gemv`]: decode GEMV launches, one matrix or routed experts through
 //!   [`slots`] (the expert slot table). Two activation paths: f32 x
-//!   (`DeviceMatrix::gemv`, every format) and int8 x (`Q8Vec::quantize`
-//!   once per vector, then `gemv_q8` for IQ2_XXS, Q8_0 and Q4_K, and
-//!   `ExpertStack::gemv_gate_up_q8`): 1.5-2.2x faster on the H200
+//!   (`DeviceMatrix::gemv`, every format) and int8 x (`Q8Vec`, then
+//!   `gemv_q8` for IQ2_XXS, Q8_0 and Q4_K, `ExpertStack::gemv_gate_up_q8`
+//!   and `DeviceMatrix::gemv_q8_pair`): 1.5-2.2x faster on the H200
 //!   (bench/RESULTS.md), r2 the best default.
-//! - [`selftest`] and [`bench`]: `redlite selftest`, `redlite bench kernels`.
+//! - [`ops`]: the other decode kernels (RMSNorm, attention input, split-K
+//!   grouped attention + merge, the fused Gated DeltaNet step, router
+//!   top-k, SwiGLU / MoE combine), each with a float64 reference in
+//!   [`crate::reference`].
+//! - [`decoder`]: a whole decode token as one CUDA graph, recorded from the
+//!   architecture's stages (`redlite_model::stages`), weights and state
+//!   resident on the device; [`parity`] checks it against the CPU engine.
+//! - [`selftest`] / [`selftest_ops`] and [`crate::bench`]: `redlite selftest`,
+//!   `redlite bench kernels`.
 //!
 //! libcuda and libnvrtc are loaded at run time (cudarc `dynamic-loading`):
 //! building this crate needs no CUDA toolkit and no GPU. Tests that need a
-//! GPU are `#[ignore]`d; run them on the GPU machine with
-//! `cargo test -p redlite-cuda -- --ignored`.
+//! GPU skip themselves (or are `#[ignore]`d) where there is none; on the
+//! GPU machine the release binary runs the same checks (`redlite selftest`,
+//! `redlite parity`).
 //!
-//! No CUDA type crosses into `redlite-model`: callers get `Gpu`,
-//! `DeviceMatrix`, `ExpertStack`, `SlotTable` and plain slices.
+//! No CUDA type crosses into `redlite-model`: the model only describes its
+//! stages; callers get `Gpu`, `CudaDecoder`, `DeviceMatrix`, `ExpertStack`,
+//! `SlotTable` and plain slices.
 
 pub mod bench;
+pub mod decoder;
 pub mod device;
+pub mod error;
 pub mod gemv;
 pub mod kernels;
 pub mod layout;
+pub mod ops;
+pub mod parity;
+pub mod reference;
 pub mod selftest;
+pub mod selftest_ops;
 pub mod slots;
 pub mod tables_cuh;
 pub mod testdata;
 
 pub use device::Gpu;
+pub use error::{CudaError, Result};
 pub use gemv::{DeviceMatrix, ExpertStack};
 pub use slots::SlotTable;
 
 /// `redlite selftest`: open GPU 0, run every kernel against float64
 /// references, print the table. Errors if any kernel fails.
-pub fn selftest_cli() -> anyhow::Result<()> {
+pub fn selftest_cli() -> Result<()> {
     let gpu = Gpu::new(0)?;
     let rows = selftest::run(&gpu, 0x2e4d_11fe)?;
-    anyhow::ensure!(selftest::print(&gpu, &rows), "CUDA selftest failed");
+    error::ensure!(selftest::print(&gpu, &rows), "CUDA selftest failed");
     Ok(())
 }
 
 /// `redlite bench kernels`: copy bandwidth, then every GEMV kernel and
-/// shape at 1, 2 and 4 rows per warp, one or two chunks per step, and the
-/// int8-activation IQ2_XXS kernels.
-pub fn bench_cli() -> anyhow::Result<()> {
+/// shape at 1, 2 and 4 rows per warp, one or two chunks per step, the
+/// int8-activation kernels, decode attention and the DeltaNet step
+/// (`decode_only`: only the last two).
+pub fn bench_cli(decode_only: bool) -> Result<()> {
     let gpu = Gpu::new(0)?;
     let copy = bench::copy_bandwidth(&gpu)?;
-    let rows = bench::run(&gpu, &gemv::Variant::ALL)?;
+    let rows = if decode_only {
+        bench::run_decode_ops(&gpu)?
+    } else {
+        bench::run(&gpu, &gemv::Variant::ALL)?
+    };
     bench::print(&gpu, copy, &rows);
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! fresh random inputs at several sizes, outputs poisoned with NaN first.
 
 use crate::device::Gpu;
+use crate::error::Result;
 use crate::gemv::{
     kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
 };
@@ -9,7 +10,6 @@ use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{
     quantize_q8_32, random_vec, random_weights, reference_gemv, reference_gemv_f64, Rng,
 };
-use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use redlite_gguf::GgmlType;
 
@@ -39,7 +39,7 @@ pub struct Worst {
 }
 
 impl Worst {
-    fn new(kernel: String) -> Self {
+    pub(crate) fn new(kernel: String) -> Self {
         Self {
             kernel,
             cases: 0,
@@ -55,7 +55,7 @@ impl Worst {
     }
 }
 
-fn compare(gpu_y: &[f32], want: &[f64]) -> (f64, f64, bool) {
+pub(crate) fn compare(gpu_y: &[f32], want: &[f64]) -> (f64, f64, bool) {
     let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
     let mut max_abs = 0f64;
     let mut written = true;
@@ -69,7 +69,7 @@ fn compare(gpu_y: &[f32], want: &[f64]) -> (f64, f64, bool) {
     (max_abs, max_abs / scale, written)
 }
 
-fn fold(w: &mut Worst, (a, r, ok): (f64, f64, bool)) {
+pub(crate) fn fold(w: &mut Worst, (a, r, ok): (f64, f64, bool)) {
     w.cases += 1;
     w.max_abs = w.max_abs.max(a);
     w.max_rel = w.max_rel.max(r);
@@ -145,6 +145,7 @@ pub fn run(gpu: &Gpu, seed: u64) -> Result<Vec<Worst>> {
         }
     }
     run_q8(gpu, &mut rng, &mut out)?;
+    crate::selftest_ops::run(gpu, &mut rng, &mut out)?;
     Ok(out)
 }
 

@@ -6,7 +6,7 @@
 //! identity; issue 8 bounds the slots and evicts (the table already keeps
 //! both directions so that an eviction is O(1)).
 
-use anyhow::{bail, Result};
+use crate::error::{bail, Result};
 
 #[derive(Clone, Debug)]
 pub struct SlotTable {

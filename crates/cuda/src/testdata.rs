@@ -39,6 +39,11 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
 /// nibble, index, sign code and sub-scale pattern is a valid block) and f16
 /// scales uniform in ±0.01 (Q4_K's `d`, `dmin` positive, as quantizers write).
 pub fn random_weights(l: &DeviceLayout, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    if l.ty == GgmlType::F32 {
+        return (0..rows * cols)
+            .flat_map(|_| (0.05 * rng.uniform()).to_le_bytes())
+            .collect();
+    }
     let n = l.matrix_bytes(rows, cols).expect("whole blocks");
     let mut out = vec![0u8; n];
     for c in out.chunks_mut(8) {
@@ -69,7 +74,7 @@ pub fn reference_gemv(ty: GgmlType, gguf: &[u8], rows: usize, cols: usize, x: &[
     let mut w = vec![0f32; cols];
     (0..rows)
         .map(|r| {
-            redlite_quant::dequantize(ty, &gguf[r * row_bytes..][..row_bytes], &mut w)
+            redlite_cpu::matmul::dequantize_into(ty, &gguf[r * row_bytes..][..row_bytes], &mut w)
                 .expect("whole blocks");
             w.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum()
         })
@@ -89,7 +94,7 @@ pub fn reference_gemv_f64(
     let mut w = vec![0f32; cols];
     (0..rows)
         .map(|r| {
-            redlite_quant::dequantize(ty, &gguf[r * row_bytes..][..row_bytes], &mut w)
+            redlite_cpu::matmul::dequantize_into(ty, &gguf[r * row_bytes..][..row_bytes], &mut w)
                 .expect("whole blocks");
             w.iter().zip(x).map(|(&a, &b)| a as f64 * b).sum()
         })

@@ -247,7 +247,7 @@ impl fmt::Display for Plan {
             ExpertResidency::Mapped if i.n_experts == 0 => write!(f, "no routed experts"),
             ExpertResidency::Mapped => write!(
                 f,
-                "experts {} resident (mapped from the file)",
+                "experts {} resident with the other weights, no cache",
                 human(i.expert_bytes)
             ),
             ExpertResidency::Cached { slots } => write!(

@@ -484,3 +484,29 @@ fn empty_file_with_no_tensors() {
     let f = GgufFile::from_bytes(w.to_bytes().unwrap()[..24].to_vec()).unwrap();
     assert_eq!(f.data_offset(), 32);
 }
+
+/// Reading a file into anonymous memory gives the same bytes and views as
+/// mapping it; `open_auto` reads small files in and maps big ones; a missing
+/// file is an error naming it.
+#[test]
+fn open_in_memory_equals_mapped() {
+    let d = scratch_dir("in-memory");
+    let p = d.join("m.gguf");
+    sample_writer().write(&p).unwrap();
+    let mapped = GgufFile::open(&p).unwrap();
+    let inmem = GgufFile::open_in_memory(&p).unwrap();
+    assert!(!mapped.is_in_memory() && inmem.is_in_memory());
+    assert_eq!(mapped.bytes(), inmem.bytes());
+    assert_eq!(inmem.tensor("b").unwrap().data, &[7u8; 68][..]);
+    assert_eq!(inmem.path(), mapped.path());
+    let len = std::fs::metadata(&p).unwrap().len();
+    assert!(GgufFile::open_auto(&p, Some(2 * len))
+        .unwrap()
+        .is_in_memory());
+    assert!(!GgufFile::open_auto(&p, Some(2 * len - 1))
+        .unwrap()
+        .is_in_memory());
+    assert!(!GgufFile::open_auto(&p, None).unwrap().is_in_memory());
+    let err = GgufFile::open_in_memory(d.join("missing.gguf")).unwrap_err();
+    assert!(err.to_string().contains("missing.gguf"), "{err}");
+}

@@ -17,7 +17,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prompt_len: usize = args.get(3).map_or(Ok(64), |s| s.parse())?;
     let n_decode: usize = args.get(4).map_or(Ok(16), |s| s.parse())?;
     let t0 = Instant::now();
-    let file = Arc::new(redlite_gguf::GgufFile::open(path)?);
+    // The file is read into anonymous memory (huge pages), as `redlite
+    // generate` does for files that fit in half of the available memory;
+    // REDLITE_IN_MEMORY=0 maps it instead.
+    let file = Arc::new(
+        if std::env::var_os("REDLITE_IN_MEMORY").is_none_or(|v| v != "0") {
+            redlite_gguf::GgufFile::open_in_memory(path)?
+        } else {
+            redlite_gguf::GgufFile::open(path)?
+        },
+    );
     let model = Model::load(
         file,
         LoadOptions {

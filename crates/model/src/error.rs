@@ -45,4 +45,6 @@ pub enum ModelError {
     Plan(#[from] redlite_expertcache::PlanError),
     #[error("an expert cache reads the model file, but this model was not opened from a file")]
     NoFilePath,
+    #[error("{backend} backend: {what}")]
+    Backend { backend: &'static str, what: String },
 }

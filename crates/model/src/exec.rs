@@ -47,6 +47,16 @@ pub struct Exec<'a> {
 }
 
 impl Exec<'_> {
+    /// `gate ← SiLU(gate) ⊙ up`: scalar libm on the reference path,
+    /// vectorised and threaded on the fast one.
+    pub fn swiglu(&self, gate: &mut [f32], up: &[f32]) {
+        if self.reference {
+            redlite_cpu::ops::swiglu(gate, up)
+        } else {
+            redlite_cpu::ops::swiglu_fast(self.pool, gate, up)
+        }
+    }
+
     /// `W · x` for `n` tokens: `n × rows` out.
     pub fn linear(&self, w: &Weight, xs: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
         let m = w.matrix(self.file)?;

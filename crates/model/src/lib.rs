@@ -18,6 +18,7 @@ pub mod exec;
 pub mod model;
 pub mod sample;
 pub mod session;
+pub mod stages;
 pub mod trace;
 pub mod weights;
 

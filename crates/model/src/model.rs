@@ -330,6 +330,11 @@ impl Model {
         Session::new(self.arch.new_states(), ctx)
     }
 
+    /// The worker pool the kernels run on.
+    pub(crate) fn pool(&self) -> &redlite_cpu::Pool {
+        &self.pool
+    }
+
     pub(crate) fn exec(&self) -> Exec<'_> {
         Exec {
             file: &self.file,

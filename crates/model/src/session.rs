@@ -79,7 +79,23 @@ impl Session {
 
     /// Run `tokens` (a prompt in batches of the model's `ubatch`, or one
     /// token) and return the wanted logits.
+    ///
+    /// The whole forward runs on one of the model's pool workers, so the
+    /// ~100 parallel regions of a token start from a worker (its siblings
+    /// steal the split work) instead of each being injected into the pool
+    /// from outside and waited for with a sleep and a wake-up.
     pub fn forward(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        model
+            .pool()
+            .install(|| self.forward_on_pool(model, tokens, want))
+    }
+
+    fn forward_on_pool(
         &mut self,
         model: &Model,
         tokens: &[u32],

@@ -55,6 +55,10 @@ fn main() {
             .flat_map(|_| quantize_activations(ty, &rand_f32(cols, &mut seed)).unwrap())
             .collect();
         let stride = acts.len() / 8;
+        // 64 records: the prompt-processing shape (a block of a long prompt).
+        let acts64: Vec<u8> = (0..64)
+            .flat_map(|_| quantize_activations(ty, &rand_f32(cols, &mut seed)).unwrap())
+            .collect();
         let single = min_time(40, || {
             for r in 0..rows {
                 black_box((k.dot_fast)(&wb[r * rb..(r + 1) * rb], &acts[..stride]));
@@ -82,7 +86,21 @@ fn main() {
                 black_box(&out);
             }) / (rows * 8) as f64
         });
+        let gemm64 = redlite_quant::gemm_fn(ty).map(|f| {
+            let mut out = vec![0f32; rows * 64];
+            min_time(10, || {
+                f(&wb, rb, rows, &acts64, stride, 64, &mut out);
+                black_box(&out);
+            }) / (rows * 64) as f64
+        });
         let blocks = (cols / ty.block_size()) as f64;
+        if let Some(t) = gemm64 {
+            println!(
+                "{ty:>5} cols {cols}: gemm x64 {:.1} ns/row·tok ({:.2} ns/block)",
+                t * 1e9,
+                t * 1e9 / blocks
+            );
+        }
         if let Some(t) = gemm8 {
             println!(
                 "{ty:>5} cols {cols}: gemm x8 {:.1} ns/row·tok ({:.2} ns/block)",

@@ -9,6 +9,7 @@ pub mod qwen3next;
 use crate::blocks::moe::Route;
 use crate::exec::Exec;
 use crate::session::LayerState;
+use crate::stages::TokenStages;
 use crate::trace::Trace;
 use crate::weights::Weight;
 use crate::ModelError;
@@ -104,6 +105,17 @@ impl Arch {
         match self {
             Arch::Qwen3Next(m) => m.new_states(),
             Arch::Qwen2(m) => m.new_states(),
+        }
+    }
+
+    /// One decode token as stages (see [`crate::stages`]).
+    pub fn decode_stages(&self, s: &mut dyn TokenStages) -> Result<(), ModelError> {
+        match self {
+            Arch::Qwen3Next(m) => m.decode_stages(s),
+            Arch::Qwen2(_) => Err(ModelError::Backend {
+                backend: "stages",
+                what: "qwen2 has no stage description yet".into(),
+            }),
         }
     }
 

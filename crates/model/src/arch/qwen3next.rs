@@ -18,6 +18,7 @@ use crate::blocks::deltanet::{self, DeltaNetParams, DeltaNetWeights, InProj};
 use crate::blocks::moe::{DenseFfn, ExpertsGateUp, MoeWeights, Route};
 use crate::exec::Exec;
 use crate::session::LayerState;
+use crate::stages::TokenStages;
 use crate::trace::Trace;
 use crate::weights::{blk, load_f32, TensorSpec as S, Weight};
 use crate::ModelError;
@@ -383,6 +384,27 @@ impl Qwen3Next {
                 }
             })
             .collect()
+    }
+
+    /// One decode token as stages: the same layer order as
+    /// [`Self::forward_hidden`], for backends that record a token once and
+    /// replay it (see [`crate::stages`]).
+    pub fn decode_stages(&self, s: &mut dyn TokenStages) -> Result<(), ModelError> {
+        let eps = self.cfg.eps;
+        s.embed(&self.tok_embd)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            s.norm(&l.attn_norm, eps, false)?;
+            match &l.mixer {
+                Mixer::Attention(w) => s.attention(i, w, &self.attn)?,
+                Mixer::DeltaNet(w) => s.deltanet(i, w, &self.dn)?,
+            }
+            s.norm(&l.post_norm, eps, true)?;
+            match &l.ffn {
+                Ffn::Moe(m) => s.moe(i, m)?,
+                Ffn::Dense(d) => s.dense_ffn(i, d)?,
+            }
+        }
+        s.head(&self.output_norm, eps, &self.output)
     }
 
     /// Run the layers over `n` embedded tokens `x` at positions `pos0..`;

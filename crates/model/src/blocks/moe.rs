@@ -10,7 +10,7 @@ use crate::exec::Exec;
 use crate::trace::Trace;
 use crate::weights::Weight;
 use crate::ModelError;
-use redlite_cpu::ops::{sigmoid, softmax, swiglu};
+use redlite_cpu::ops::{sigmoid, softmax};
 use redlite_cpu::QMatrix;
 use redlite_expertcache::{ExpertKey, ExpertPart, LayerExperts};
 
@@ -25,7 +25,7 @@ pub struct DenseFfn {
 impl DenseFfn {
     pub fn forward(&self, ex: &Exec, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
         let [mut g, u] = ex.linear_many([&self.gate, &self.up], x, n)?;
-        swiglu(&mut g, &u);
+        ex.swiglu(&mut g, &u);
         ex.linear(&self.down, &g, n)
     }
 }
@@ -219,7 +219,7 @@ impl MoeWeights {
                 (g, u, parts[1])
             }
         };
-        swiglu(&mut g, &u);
+        ex.swiglu(&mut g, &u);
         let dm = QMatrix::new(self.down.ty, down, d, ff)?;
         ex.linear_matrix(&dm, &g, m)
     }

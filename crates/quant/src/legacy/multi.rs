@@ -338,18 +338,33 @@ pub(crate) mod avx2 {
         )
     }
 
+    /// Records per block of the record loop in [`gemm`]: 16 groups of four.
+    /// Each panel of weight rows is decoded once per block of records, and
+    /// the records' scales and corrections of a block (16 · 28 · 64 bytes
+    /// for a 896-wide matrix) stay in L1/L2 while the panels stream past.
+    const GROUPS_PER_BLOCK: usize = 16;
+    /// Weight rows decoded together into one panel.
+    const PANEL: usize = 4;
+
     /// `nr` weight rows × `n` records into `out` (`nr × n`, row-major by
     /// weight row): prompt processing. Four records at a time: the four
     /// per-record integer block dots are folded into one vector by two
     /// `hadd` rounds (lanes 0..4 and 4..8 hold halves of records 0..4), so
     /// each row-block needs one convert, one multiply by `dx · [dy0..dy3]`
-    /// (the record scales of each block built once per group, not per row)
-    /// and one FMA instead of four of each. Leftover records (< 4) go
-    /// through [`multi`] with the signed decoder `signed`. With `OFF > 0`,
-    /// `decode` gives unsigned weights (value + `OFF`, as in the decode
-    /// kernels) and `OFF · Σv` (per record and block, folded the same way,
-    /// built once per group) is subtracted in the integer domain: no sign
-    /// instructions per record.
+    /// and one FMA instead of four of each. Loop order: blocks of
+    /// [`GROUPS_PER_BLOCK`] four-record groups outside; inside, panels of
+    /// [`PANEL`] weight rows are decoded once (to 32 bytes and an f32 scale
+    /// per block) and reused by every group of the block, so decoding costs
+    /// 1/64 of what it did when each group decoded the rows again. The
+    /// record scales and `OFF · Σv` corrections are built once per group.
+    /// Leftover records (< 4) go through [`multi`] with the signed decoder
+    /// `signed`. With `OFF > 0`, `decode` gives unsigned weights (value +
+    /// `OFF`, as in the decode kernels) and `OFF · Σv` (per record and
+    /// block, folded the same way) is subtracted in the integer domain: no
+    /// sign instructions per record. The arithmetic per (row, record) — the
+    /// integer dots, the fold, the scale product and the FMA order over
+    /// blocks — does not depend on the loop order, so results do not
+    /// depend on `nr`, `n` or the panel a row falls in.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -379,110 +394,167 @@ pub(crate) mod avx2 {
         let row = |r: usize| cast_blocks::<B>(&rows[r * row_bytes..(r + 1) * row_bytes]);
         let f16 = crate::f16util::f16_table();
         let ones = _mm256_set1_epi16(1);
-        let mut dyv: Vec<__m256> = Vec::with_capacity(nb);
-        let mut corr: Vec<__m256i> = Vec::with_capacity(nb);
         let off = _mm256_set1_epi8(OFF);
-        let mut t0 = 0;
-        while t0 + 4 <= n {
-            let ys = records::<4>(acts, stride, t0, 4, nb);
+        let groups = n / 4;
+        let gpb = GROUPS_PER_BLOCK.min(groups.max(1));
+        let mut dyv: Vec<__m256> = Vec::with_capacity(gpb * nb);
+        let mut corr: Vec<__m256i> = Vec::with_capacity(gpb * nb);
+        let mut panel = Panel {
+            w: vec![_mm256_setzero_si256(); PANEL * nb],
+            dx: vec![0f32; PANEL * nb],
+        };
+        let store = |out: &mut [f32], r: usize, t0: usize, acc: __m256| {
+            let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+            let mut v = [0f32; 4];
+            // SAFETY: `v` is 4 writable f32.
+            unsafe { _mm_storeu_ps(v.as_mut_ptr(), s) };
+            for (j, &x) in v.iter().enumerate() {
+                out[(t0 + j) * nr + r] = x;
+            }
+        };
+        let mut g0 = 0;
+        while g0 < groups {
+            let g1 = (g0 + gpb).min(groups);
             dyv.clear();
-            dyv.extend((0..nb).map(|i| {
-                let d: [f32; 4] =
-                    core::array::from_fn(|t| f16[u16::from_le_bytes(ys[t][i].d) as usize]);
-                _mm256_setr_ps(d[0], d[1], d[2], d[3], d[0], d[1], d[2], d[3])
-            }));
-            if OFF != 0 {
-                // `OFF · Σv` per record and block, folded like the dots.
-                corr.clear();
-                corr.extend((0..nb).map(|i| {
-                    let c: [__m256i; 4] = core::array::from_fn(|t| {
-                        // SAFETY: `qs` is 32 readable bytes.
-                        let v = unsafe { load32(ys[t][i].qs.as_ptr().cast()) };
-                        _mm256_madd_epi16(_mm256_maddubs_epi16(off, v), ones)
-                    });
-                    _mm256_hadd_epi32(_mm256_hadd_epi32(c[0], c[1]), _mm256_hadd_epi32(c[2], c[3]))
+            corr.clear();
+            for g in g0..g1 {
+                let ys = records::<4>(acts, stride, g * 4, 4, nb);
+                dyv.extend((0..nb).map(|i| {
+                    let d: [f32; 4] =
+                        core::array::from_fn(|t| f16[u16::from_le_bytes(ys[t][i].d) as usize]);
+                    _mm256_setr_ps(d[0], d[1], d[2], d[3], d[0], d[1], d[2], d[3])
                 }));
+                if OFF != 0 {
+                    // `OFF · Σv` per record and block, folded like the dots.
+                    corr.extend((0..nb).map(|i| {
+                        let c: [__m256i; 4] = core::array::from_fn(|t| {
+                            // SAFETY: `qs` is 32 readable bytes.
+                            let v = unsafe { load32(ys[t][i].qs.as_ptr().cast()) };
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(off, v), ones)
+                        });
+                        _mm256_hadd_epi32(
+                            _mm256_hadd_epi32(c[0], c[1]),
+                            _mm256_hadd_epi32(c[2], c[3]),
+                        )
+                    }));
+                }
             }
-            let store = |out: &mut [f32], r: usize, acc: __m256| {
-                let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-                let mut v = [0f32; 4];
-                // SAFETY: `v` is 4 writable f32.
-                unsafe { _mm_storeu_ps(v.as_mut_ptr(), s) };
-                out[r * n + t0..r * n + t0 + 4].copy_from_slice(&v);
-            };
             let mut r = 0;
-            while r + 2 <= nr {
-                let acc = row_group::<2, OFF, B, D>([row(r), row(r + 1)], &ys, &dyv, &corr, decode);
-                store(out, r, acc[0]);
-                store(out, r + 1, acc[1]);
-                r += 2;
+            while r < nr {
+                let pr = PANEL.min(nr - r);
+                panel.fill(&row, r, pr, nb, decode);
+                for g in g0..g1 {
+                    let ys = records::<4>(acts, stride, g * 4, 4, nb);
+                    let k = (g - g0) * nb;
+                    let (dy, cr) = (
+                        &dyv[k..k + nb],
+                        if OFF != 0 { &corr[k..k + nb] } else { &[][..] },
+                    );
+                    match pr {
+                        4 => {
+                            let acc = panel_tile::<4, OFF>(&panel, nb, &ys, dy, cr);
+                            (0..4).for_each(|j| store(out, r + j, g * 4, acc[j]));
+                        }
+                        3 => {
+                            let acc = panel_tile::<3, OFF>(&panel, nb, &ys, dy, cr);
+                            (0..3).for_each(|j| store(out, r + j, g * 4, acc[j]));
+                        }
+                        2 => {
+                            let acc = panel_tile::<2, OFF>(&panel, nb, &ys, dy, cr);
+                            (0..2).for_each(|j| store(out, r + j, g * 4, acc[j]));
+                        }
+                        _ => {
+                            let acc = panel_tile::<1, OFF>(&panel, nb, &ys, dy, cr);
+                            store(out, r, g * 4, acc[0]);
+                        }
+                    }
+                }
+                r += pr;
             }
-            if r < nr {
-                let [acc] = row_group::<1, OFF, B, D>([row(r)], &ys, &dyv, &corr, decode);
-                store(out, r, acc);
-            }
-            t0 += 4;
+            g0 = g1;
         }
+        let t0 = groups * 4;
         if t0 < n {
             let g = n - t0;
             let mut tmp = [0f32; 4];
             for r in 0..nr {
                 multi(row(r), &acts[t0 * stride..], stride, &mut tmp[..g], signed);
-                out[r * n + t0..r * n + n].copy_from_slice(&tmp[..g]);
+                for (j, &x) in tmp[..g].iter().enumerate() {
+                    out[(t0 + j) * nr + r] = x;
+                }
             }
         }
     }
 
-    /// `R` rows (2 share each record load) against one 4-record group of
-    /// [`gemm`]: per row the 8-lane accumulator whose lanes `t` and `t + 4`
-    /// sum to record `t`'s dot.
+    /// Up to [`PANEL`] weight rows decoded block by block: `w[i * PANEL +
+    /// j]` is row `j`'s block `i` as the decoder gives it, `dx` its scale.
+    struct Panel {
+        w: Vec<__m256i>,
+        dx: Vec<f32>,
+    }
+
+    impl Panel {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn fill<'a, B, D>(
+            &mut self,
+            row: &impl Fn(usize) -> &'a [B],
+            r0: usize,
+            pr: usize,
+            nb: usize,
+            decode: D,
+        ) where
+            B: 'a,
+            D: Fn(&B) -> (__m256i, [u8; 2]),
+        {
+            let f16 = crate::f16util::f16_table();
+            for j in 0..pr {
+                let x = row(r0 + j);
+                for (i, b) in x.iter().enumerate().take(nb) {
+                    let (v, d) = decode(b);
+                    self.w[i * PANEL + j] = v;
+                    self.dx[i * PANEL + j] = f16[u16::from_le_bytes(d) as usize];
+                }
+            }
+        }
+    }
+
+    /// The first `R` rows of a decoded panel against one four-record group
+    /// of [`gemm`]: per row the 8-lane accumulator whose lanes `t` and
+    /// `t + 4` sum to record `t`'s dot.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn row_group<const R: usize, const OFF: i8, B, D>(
-        x: [&[B]; R],
+    fn panel_tile<const R: usize, const OFF: i8>(
+        panel: &Panel,
+        nb: usize,
         ys: &[&[BlockQ80]; 4],
         dyv: &[__m256],
         corr: &[__m256i],
-        decode: D,
-    ) -> [__m256; R]
-    where
-        D: Fn(&B) -> (__m256i, [u8; 2]),
-    {
-        let f16 = crate::f16util::f16_table();
+    ) -> [__m256; R] {
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
-        for i in 0..dyv.len() {
-            let dec: [(__m256i, [u8; 2]); R] = core::array::from_fn(|r| decode(&x[r][i]));
-            let ax: [__m256i; R] = core::array::from_fn(|r| {
-                if OFF != 0 {
-                    dec[r].0
-                } else {
-                    _mm256_sign_epi8(dec[r].0, dec[r].0)
-                }
-            });
-            let mut p = [[_mm256_setzero_si256(); 4]; R];
-            for t in 0..4 {
-                // SAFETY: `qs` is 32 readable bytes.
-                let v = unsafe { load32(ys[t][i].qs.as_ptr().cast()) };
-                for r in 0..R {
+        for i in 0..nb {
+            // SAFETY: `qs` is 32 readable bytes.
+            let v: [__m256i; 4] =
+                core::array::from_fn(|t| unsafe { load32(ys[t][i].qs.as_ptr().cast()) });
+            for (r, a) in acc.iter_mut().enumerate() {
+                let w = panel.w[i * PANEL + r];
+                let ax = if OFF != 0 { w } else { _mm256_sign_epi8(w, w) };
+                let p: [__m256i; 4] = core::array::from_fn(|t| {
                     let vr = if OFF != 0 {
-                        v
+                        v[t]
                     } else {
-                        _mm256_sign_epi8(v, dec[r].0)
+                        _mm256_sign_epi8(v[t], w)
                     };
-                    p[r][t] = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[r], vr), ones);
-                }
-            }
-            for r in 0..R {
-                let mut h = _mm256_hadd_epi32(
-                    _mm256_hadd_epi32(p[r][0], p[r][1]),
-                    _mm256_hadd_epi32(p[r][2], p[r][3]),
-                );
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, vr), ones)
+                });
+                let mut h =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
                 if OFF != 0 {
                     h = _mm256_sub_epi32(h, corr[i]);
                 }
-                let dx = _mm256_set1_ps(f16[u16::from_le_bytes(dec[r].1) as usize]);
-                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dyv[i]), _mm256_cvtepi32_ps(h), acc[r]);
+                let dx = _mm256_set1_ps(panel.dx[i * PANEL + r]);
+                *a = _mm256_fmadd_ps(_mm256_mul_ps(dx, dyv[i]), _mm256_cvtepi32_ps(h), *a);
             }
         }
         acc
@@ -639,7 +711,7 @@ rows_dispatch!(rows_q8_0_fast, rows_q8_0, super::q8_0::dot_q8_0_ref);
 rows_dispatch!(rows_q5_0_fast, rows_q5_0, super::q5::dot_q5_0_ref);
 rows_dispatch!(rows_q4_0_fast, rows_q4_0, super::q4::dot_q4_0_ref);
 
-/// `nr` weight rows × `n` activation records (any `n`): `out[r * n + t] =
+/// `nr` weight rows × `n` activation records (any `n`), token-major: `out[t * nr + r] =
 /// dot(rows[r * row_bytes..][..row_bytes], acts[t * stride..][..act_len])`.
 pub type GemmFn = fn(
     rows: &[u8],
@@ -674,12 +746,11 @@ macro_rules! gemm_dispatch {
                 let mut t0 = 0;
                 while t0 < n {
                     let g = (n - t0).min(MULTI_MAX);
-                    $multi(
-                        row,
-                        &acts[t0 * stride..],
-                        stride,
-                        &mut out[r * n + t0..r * n + t0 + g],
-                    );
+                    let mut tmp = [0f32; MULTI_MAX];
+                    $multi(row, &acts[t0 * stride..], stride, &mut tmp[..g]);
+                    for (j, &x) in tmp[..g].iter().enumerate() {
+                        out[(t0 + j) * nr + r] = x;
+                    }
                     t0 += g;
                 }
             }
@@ -705,6 +776,8 @@ pub fn gemm_fn(ty: redlite_gguf::GgmlType) -> Option<GemmFn> {
     Some(match ty {
         T::Q5_0 => gemm_q5_0_fast,
         T::Q4_0 => gemm_q4_0_fast,
+        T::Q4_K => crate::kquants::multi::gemm_q4_k_fast,
+        T::Q6_K => crate::kquants::multi::gemm_q6_k_fast,
         _ => return None,
     })
 }
@@ -746,7 +819,15 @@ mod tests {
         ];
         for (ty, f) in fs {
             let k = crate::kernels(ty).unwrap();
-            for (nr, n) in [(1usize, 1usize), (3, 4), (5, 7), (2, 8), (4, 11)] {
+            for (nr, n) in [
+                (1usize, 1usize),
+                (3, 4),
+                (5, 7),
+                (2, 8),
+                (4, 11),
+                (9, 70),
+                (6, 133),
+            ] {
                 let w: Vec<f32> = (0..nr * cols).map(|_| next()).collect();
                 let mut wb = vec![0u8; ty.bytes_for((nr * cols) as u64).unwrap() as usize];
                 crate::quantize(ty, &w, &mut wb).unwrap();
@@ -773,7 +854,7 @@ mod tests {
                         crate::dequantize(GgmlType::Q8_0, a, &mut adeq).unwrap();
                         let want = (k.dot_reference)(row, a);
                         let mag: f32 = deq.iter().zip(&adeq).map(|(a, b)| (a * b).abs()).sum();
-                        let e = (out[r * n + t] - want).abs();
+                        let e = (out[t * nr + r] - want).abs();
                         assert!(e <= mag * 1e-5 + 1e-6, "{ty} {nr}x{n} ({r},{t}): {e}");
                     }
                 }

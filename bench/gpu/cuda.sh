@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE: the CUDA backend's checks and decode speed, in
+# one self-contained call. Logs go to $OUT (or bench/gpu/out).
+#
+# Prepare here:  cargo build --release -p redlite-cli --features cuda
+#                mkdir -p .bench-bin && strip -o .bench-bin/redlite target/release/redlite
+# Then:          run(command="bash bench/gpu/cuda.sh", carry=[".bench-bin"])
+#
+# Steps (STEPS, default all, in this order):
+#   selftest  every kernel against its float64 reference (worst error per kernel)
+#   parity    the CUDA decoder against the CPU engine on the tiny fixtures
+#   kernels   decode attention (4K-128K) and the DeltaNet step, GB/s
+#   tiny      decode tok/s of the tiny fixture (the per-kernel launch floor)
+#   bench     decode tok/s on a full-size synth file (LAYOUT, default iq2)
+#             at DEPTHS (default 0,4096,32768), ACTS int8 and/or f32
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/bench/gpu/out}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+R="${REDLITE:-$ROOT/.bench-bin/redlite}"
+[[ -x $R ]] || R="$ROOT/target/release/redlite"
+[[ -x $R ]] || { echo "no redlite binary (carry .bench-bin)"; exit 2; }
+F=tests/fixtures/qwen3next
+LAYOUT="${LAYOUT:-iq2}"
+WORK=/dev/shm/redlite-bench
+mkdir -p "$WORK"
+exec > >(tee -a "$OUT/cuda.log") 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+fail=0
+for s in ${STEPS:-selftest parity kernels tiny bench}; do
+  case $s in
+    selftest) echo "== selftest"; timeout 300 "$R" selftest || fail=1 ;;
+    parity) echo "== parity"
+      timeout 300 "$R" parity -m $F/tiny-qwen3next-f32.gguf $F/tiny-qwen3next-q8_0.gguf \
+        $F/tiny-qwen3next-q4_k_m.gguf $F/tiny-qwen3next-iq2_xxs.gguf || fail=1 ;;
+    kernels) echo "== bench kernels --decode-only"; timeout 200 "$R" bench kernels --decode-only ;;
+    tiny) echo "== decode, tiny fixture"
+      timeout 100 "$R" bench model -m $F/tiny-qwen3next-f32.gguf --device cuda -p 0 -n 256 -r 3 ;;
+    bench)
+      M="$WORK/synth-$LAYOUT-s0.gguf"
+      [[ -f $M ]] || timeout 200 "$R" synth --layout "$LAYOUT" --seed 0 --out "$M" --threads "$(nproc)" --quiet
+      for a in ${ACTS:-int8}; do
+        f=""; [[ $a == f32 ]] && f=--f32-activations
+        echo "== decode, synth $LAYOUT, $a activations"
+        timeout 400 "$R" bench model -m "$M" --device cuda $f -p 0 -n 64 -d "${DEPTHS:-0,4096,32768}" -r 3
+      done ;;
+    *) echo "unknown step $s"; fail=1 ;;
+  esac
+done
+exit $fail

@@ -1,0 +1,71 @@
+// Element-wise decode helpers, each with the CPU's operation order
+// (crates/cpu/src/ops.rs, crates/model/src/blocks/moe.rs).
+//
+// swiglu:      out[i] = SiLU(g[i]) * u[i]; q, qd (nullable): out also as
+//              int8 activations (common.cuh warp_q8; n % 32 == 0)
+// add_inplace: x[i] += y[i]
+// moe_combine: x[j] += (sum_i w[i] * ys[i*d + j]) + sh[j] * sigmoid(*sh_logit)
+//              (the routed sum in the router's ascending expert order; sh
+//              and sh_logit nullable: no shared expert / no gate)
+// Launch: grid ceil(n / 256), block 256.
+#include "common.cuh"
+
+extern "C" __global__ void __launch_bounds__(256)
+    swiglu(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out,
+           signed char* __restrict__ q, float* __restrict__ qd, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;  // whole warps when q is given (n % 32 == 0)
+    const float v = __fmul_rn(silu_f(g[i]), u[i]);
+    out[i] = v;
+    if (q) warp_q8(v, i, q, qd);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    add_inplace(float* __restrict__ x, const float* __restrict__ y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fadd_rn(x[i], y[i]);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    moe_combine(float* __restrict__ x, const float* __restrict__ ys, const float* __restrict__ w,
+                int k, int d, const float* __restrict__ sh, const float* __restrict__ sh_logit) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= d) return;
+    float acc = 0.0f;
+    for (int i = 0; i < k; i++) acc = __fadd_rn(acc, __fmul_rn(w[i], ys[(long long)i * d + j]));
+    if (sh) {
+        const float s = sh_logit ? sigmoid_f(*sh_logit) : 1.0f;
+        acc = __fadd_rn(acc, __fmul_rn(sh[j], s));
+    }
+    x[j] = __fadd_rn(x[j], acc);
+}
+
+// moe_combine_norm: moe_combine, then the next block's RMSNorm of the new x
+// in the same launch (norm.cu's arithmetic): h = x * s * norm_w, and h as
+// int8 activations when q is given (d % 32 == 0). One block of 1024
+// threads (the norm needs every x): grid 1.
+extern "C" __global__ void __launch_bounds__(1024)
+    moe_combine_norm(float* __restrict__ x, const float* __restrict__ ys,
+                     const float* __restrict__ w, int k, int d, const float* __restrict__ sh,
+                     const float* __restrict__ sh_logit, const float* __restrict__ norm_w,
+                     float eps, float* __restrict__ h, signed char* __restrict__ q,
+                     float* __restrict__ qd) {
+    __shared__ double scratch[32];
+    const float s_sh = sh && sh_logit ? sigmoid_f(*sh_logit) : 1.0f;
+    double ss = 0.0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int i = 0; i < k; i++) acc = __fadd_rn(acc, __fmul_rn(w[i], ys[(long long)i * d + j]));
+        if (sh) acc = __fadd_rn(acc, __fmul_rn(sh[j], s_sh));
+        const float v = __fadd_rn(x[j], acc);
+        x[j] = v;
+        ss += (double)v * (double)v;
+    }
+    ss = block_sum_f64(ss, scratch);
+    const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        const float v = __fmul_rn(__fmul_rn(x[j], s), norm_w[j]);
+        h[j] = v;
+        if (q) warp_q8(v, j, q, qd);
+    }
+}

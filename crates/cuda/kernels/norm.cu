@@ -1,0 +1,46 @@
+// RMSNorm over rows (crates/cpu/src/ops.rs `rms_norm`): out = x * s * w with
+// s = 1 / sqrt(mean(x^2) + eps), the sum of squares in f64 (as the CPU
+// does: f32 squares are exact in f64), products rounded one at a time as
+// the CPU rounds them. `add_one`: HF's (1 + w) weight form (GGUF files
+// carry w + 1 already, so the engine passes 0; kept for HF-layout weights).
+// `res` (nullable): the residual add fused in front: x += res first, and
+// the sum is written back to x (h = x + mixer; out = norm(h)).
+//
+// `q`, `qd` (nullable): the output also quantized for the int8 GEMV
+// kernels, as quantize_q8.cu does (per 32 values d = max|v| / 127, q =
+// round(v / d)), so no separate launch is needed; needs d % 32 == 0.
+//
+// Launch: grid rows, block a multiple of 32 (<= 1024).
+#include "common.cuh"
+
+extern "C" __global__ void __launch_bounds__(1024)
+    rms_norm(float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ w,
+             float* __restrict__ out, signed char* __restrict__ q, float* __restrict__ qd, int d,
+             float eps, int add_one) {
+    __shared__ double scratch[32];
+    const long long row = blockIdx.x;
+    x += row * d;
+    out += row * d;
+    if (res) res += row * d;
+    double ss = 0.0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float v = x[j];
+        if (res) {
+            v = __fadd_rn(v, res[j]);
+            x[j] = v;
+        }
+        ss += (double)v * (double)v;
+    }
+    ss = block_sum_f64(ss, scratch);
+    const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    if (q) {
+        q += row * d;
+        qd += row * (d / 32);
+    }
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        const float wj = add_one ? __fadd_rn(1.0f, w[j]) : w[j];
+        const float v = __fmul_rn(__fmul_rn(x[j], s), wj);
+        out[j] = v;
+        if (q) warp_q8(v, j, q, qd);  // a warp: 32 consecutive, aligned j (d % 32 == 0)
+    }
+}

@@ -1,0 +1,857 @@
+//! A whole decode token on the GPU as one CUDA graph.
+//!
+//! [`CudaDecoder::new`] walks the architecture's stages
+//! ([`redlite_model::stages::TokenStages`]) once: each stage uploads its
+//! weights (device-resident, experts in slot stacks at full residency),
+//! allocates its state (KV caches, DeltaNet conv windows and states) and
+//! scratch, and becomes one `Op`. The ops' launches are then captured
+//! into one graph. Per token the host writes two things (the token's
+//! embedding row, dequantized on the host, and the position), replays the
+//! graph and reads the logits back: no host round trip per layer. Every
+//! kernel reads the position from device memory, so the same graph serves
+//! every position.
+//!
+//! Activations: f32 (the CPU reference path's math: the parity partner), or
+//! with [`DecoderOptions::int8`] quantized to int8 per 32 values once per
+//! vector for the formats with int8 kernels (IQ2_XXS, Q4_K, Q8_0; routed
+//! gate and up in one launch), as the CPU fast path and llama.cpp quantize
+//! activations. Formats without a device kernel are dequantized to F32 at
+//! upload.
+
+use crate::device::Gpu;
+use crate::error::{bail, ensure, Context, CudaError, Result};
+use crate::gemv::{DeviceMatrix, ExpertStack, Q8Vec, DEFAULT_NR, Q8_TYPES};
+use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
+use redlite_gguf::GgufFile;
+use redlite_model::blocks::attention::{AttnParams, AttnWeights};
+use redlite_model::blocks::deltanet::{DeltaNetParams, DeltaNetWeights, InProj, L2_EPS};
+use redlite_model::blocks::moe::{DenseFfn, ExpertsGateUp, MoeWeights};
+use redlite_model::stages::TokenStages;
+use redlite_model::weights::Weight;
+use redlite_model::{Model, ModelError};
+
+/// The activations every op reads or writes.
+struct Bufs {
+    /// The residual stream.
+    x: CudaSlice<f32>,
+    /// The normed input of the next block.
+    h: CudaSlice<f32>,
+    /// The mixer output.
+    mix: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    /// The position of the token being run (one i32).
+    pos: CudaSlice<i32>,
+    /// `h` quantized for the int8 kernels (int8 mode).
+    hq: Option<Q8Vec>,
+}
+
+/// `y = W x`, through the int8 kernel when `xq` is given and W's format has
+/// one.
+fn mv(
+    gpu: &Gpu,
+    m: &DeviceMatrix,
+    x: &CudaSlice<f32>,
+    xq: Option<&Q8Vec>,
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    match xq {
+        Some(q) if Q8_TYPES.contains(&m.layout.ty) && q.n >= m.cols => {
+            m.gemv_q8(gpu, q, y, DEFAULT_NR)
+        }
+        _ => m.gemv(gpu, x, y, DEFAULT_NR),
+    }
+}
+
+/// Room for `n` int8 activations when `on` (and `n` is whole blocks of 32).
+fn q8vec(gpu: &Gpu, on: bool, n: usize) -> Result<Option<Q8Vec>> {
+    if on && n.is_multiple_of(32) {
+        Ok(Some(Q8Vec::new(gpu, n)?))
+    } else {
+        Ok(None)
+    }
+}
+
+fn quantize(gpu: &Gpu, q: &mut Option<Q8Vec>, x: &CudaSlice<f32>) -> Result<()> {
+    if let Some(q) = q {
+        q.quantize(gpu, x)?;
+    }
+    Ok(())
+}
+
+/// Several projections of one input (q|k|v; qkv|z|ba; router|shared
+/// gate). Consecutive ones of one format and width are uploaded as one
+/// matrix (their rows stacked) and run as one GEMV, so a layer launches
+/// fewer kernels; part i's output is `part(i)`.
+struct Proj {
+    groups: Vec<(DeviceMatrix, CudaSlice<f32>)>,
+    /// Per part: (group, offset in the group's output).
+    at: Vec<(usize, usize)>,
+}
+
+impl Proj {
+    fn new(gpu: &Gpu, f: &GgufFile, parts: &[&Weight]) -> Result<Self> {
+        let mut groups: Vec<Vec<&Weight>> = Vec::new();
+        for w in parts {
+            match groups.last_mut() {
+                Some(g) if g[0].ty == w.ty && g[0].cols() == w.cols() => g.push(w),
+                _ => groups.push(vec![w]),
+            }
+        }
+        let (mut out, mut at) = (Vec::new(), Vec::new());
+        for (gi, g) in groups.iter().enumerate() {
+            let rows: usize = g.iter().map(|w| w.rows()).sum();
+            let bytes: Vec<u8> = g.iter().flat_map(|w| w.bytes(f).iter().copied()).collect();
+            let names: Vec<&str> = g.iter().map(|w| w.name.as_str()).collect();
+            let m = DeviceMatrix::from_gguf(gpu, g[0].ty, rows, g[0].cols(), &bytes)
+                .with_context(|| format!("uploading {}", names.join(" + ")))?;
+            let mut off = 0;
+            for w in g {
+                at.push((gi, off));
+                off += w.rows();
+            }
+            out.push((m, gpu.stream.alloc_zeros(rows)?));
+        }
+        Ok(Self { groups: out, at })
+    }
+
+    fn part(&self, i: usize) -> (&CudaSlice<f32>, usize) {
+        let (g, off) = self.at[i];
+        (&self.groups[g].1, off)
+    }
+
+    fn run(&mut self, gpu: &Gpu, x: &CudaSlice<f32>, xq: Option<&Q8Vec>) -> Result<()> {
+        for (m, y) in &mut self.groups {
+            mv(gpu, m, x, xq, y)?;
+        }
+        Ok(())
+    }
+}
+
+struct AttnOp {
+    dims: AttnDims,
+    /// q_full | k | v.
+    qkv: Proj,
+    wo: DeviceMatrix,
+    norms: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    inv_freq: CudaSlice<f64>,
+    scale: f32,
+    eps: f32,
+    q: CudaSlice<f32>,
+    o: CudaSlice<f32>,
+    oq: Option<Q8Vec>,
+    k_cache: CudaSlice<f32>,
+    v_cache: CudaSlice<f32>,
+    scratch: AttnScratch,
+}
+
+struct GdnOp {
+    dims: GdnDims,
+    /// qkv | z | ba.
+    inp: Proj,
+    w_out: DeviceMatrix,
+    conv_w: CudaSlice<f32>,
+    dt_bias: CudaSlice<f32>,
+    ssm_a: CudaSlice<f32>,
+    norm_w: CudaSlice<f32>,
+    eps: f32,
+    o: CudaSlice<f32>,
+    oq: Option<Q8Vec>,
+    ring: CudaSlice<f32>,
+    state: CudaSlice<f32>,
+}
+
+struct FfnOp {
+    gate: DeviceMatrix,
+    up: DeviceMatrix,
+    down: DeviceMatrix,
+    g: CudaSlice<f32>,
+    u: CudaSlice<f32>,
+    gq: Option<Q8Vec>,
+    /// int8 mode: gate|up in one launch.
+    gu: Option<CudaSlice<f32>>,
+    out: CudaSlice<f32>,
+}
+
+struct MoeOp {
+    /// router logits | shared-expert gate logit (when there is one).
+    router: Proj,
+    gate: ExpertStack,
+    up: ExpertStack,
+    down: ExpertStack,
+    n_expert: usize,
+    k: usize,
+    norm_topk: bool,
+    slots: CudaSlice<u32>,
+    experts: CudaSlice<u32>,
+    w: CudaSlice<f32>,
+    yg: CudaSlice<f32>,
+    yu: CudaSlice<f32>,
+    yd: CudaSlice<f32>,
+    /// int8 mode: gate|up of the routed experts in one launch, and the
+    /// quantized SwiGLU output for down.
+    ygu: Option<CudaSlice<f32>>,
+    actq: Option<Q8Vec>,
+    shared: Option<FfnOp>,
+    has_shared_gate: bool,
+    /// The next stage's RMSNorm (weights, eps, whether h is also wanted as
+    /// int8), fused into the combine: one launch instead of two.
+    next_norm: Option<(CudaSlice<f32>, f32, bool)>,
+}
+
+/// One recorded stage.
+enum Op {
+    Norm {
+        w: CudaSlice<f32>,
+        eps: f32,
+        add_mix: bool,
+    },
+    Attn(Box<AttnOp>),
+    Gdn(Box<GdnOp>),
+    Moe(Box<MoeOp>),
+    Dense(Box<FfnOp>),
+    Head {
+        /// None: the previous MoE op already wrote the normed h.
+        norm: Option<CudaSlice<f32>>,
+        eps: f32,
+        w: DeviceMatrix,
+    },
+}
+
+/// Fold each Norm (without a residual add) or Head norm that follows a MoE
+/// op into that op's combine.
+fn fuse_norms(ops: Vec<Op>) -> Vec<Op> {
+    let mut out: Vec<Op> = Vec::with_capacity(ops.len());
+    for op in ops {
+        let prev = match out.last_mut() {
+            Some(Op::Moe(m)) if m.next_norm.is_none() => Some(m),
+            _ => None,
+        };
+        match (prev, op) {
+            (
+                Some(m),
+                Op::Norm {
+                    w,
+                    eps,
+                    add_mix: false,
+                },
+            ) => m.next_norm = Some((w, eps, true)),
+            (
+                Some(m),
+                Op::Head {
+                    norm: Some(n),
+                    eps,
+                    w,
+                },
+            ) => {
+                m.next_norm = Some((n, eps, false));
+                out.push(Op::Head { norm: None, eps, w });
+            }
+            (_, op) => out.push(op),
+        }
+    }
+    out
+}
+
+impl FfnOp {
+    fn new(gpu: &Gpu, f: &GgufFile, w: &DenseFfn, int8: bool) -> Result<Self> {
+        let gate = upload(gpu, f, &w.gate)?;
+        let up = upload(gpu, f, &w.up)?;
+        let down = upload(gpu, f, &w.down)?;
+        Ok(Self {
+            g: gpu.stream.alloc_zeros(gate.rows)?,
+            u: gpu.stream.alloc_zeros(up.rows)?,
+            out: gpu.stream.alloc_zeros(down.rows)?,
+            gq: q8vec(gpu, int8, gate.rows)?,
+            gu: if int8
+                && Q8_TYPES.contains(&gate.layout.ty)
+                && gate.layout == up.layout
+                && (gate.rows, gate.cols) == (up.rows, up.cols)
+            {
+                Some(gpu.stream.alloc_zeros(2 * gate.rows)?)
+            } else {
+                None
+            },
+            gate,
+            up,
+            down,
+        })
+    }
+
+    /// `out = down(SiLU(gate h) * up h)`.
+    fn run(&mut self, gpu: &Gpu, h: &CudaSlice<f32>, hq: Option<&Q8Vec>) -> Result<()> {
+        let ff = self.gate.rows;
+        match (&mut self.gu, hq) {
+            (Some(gu), Some(hq)) if hq.n >= self.gate.cols => {
+                self.gate.gemv_q8_pair(&self.up, gpu, hq, gu, DEFAULT_NR)?;
+                ops::swiglu(gpu, (gu, 0), (gu, ff), &self.g, self.gq.as_ref(), ff)?;
+            }
+            _ => {
+                mv(gpu, &self.gate, h, hq, &mut self.g)?;
+                mv(gpu, &self.up, h, hq, &mut self.u)?;
+                ops::swiglu(gpu, (&self.g, 0), (&self.u, 0), &self.g, None, ff)?;
+                quantize(gpu, &mut self.gq, &self.g)?;
+            }
+        }
+        mv(gpu, &self.down, &self.g, self.gq.as_ref(), &mut self.out)
+    }
+}
+
+impl Op {
+    fn run(&mut self, gpu: &Gpu, b: &mut Bufs) -> Result<()> {
+        let d = b.x.len();
+        match self {
+            Op::Norm { w, eps, add_mix } => {
+                let res = add_mix.then_some(&b.mix);
+                ops::rms_norm(
+                    gpu,
+                    &b.x,
+                    res,
+                    w,
+                    Some(&b.h),
+                    b.hq.as_ref(),
+                    1,
+                    d,
+                    *eps,
+                    false,
+                )
+            }
+            Op::Attn(a) => {
+                a.qkv.run(gpu, &b.h, b.hq.as_ref())?;
+                let norms = a.norms.as_ref().map(|(q, k)| (q, k));
+                let (qf, k, v) = (a.qkv.part(0), a.qkv.part(1), a.qkv.part(2));
+                ops::attn_prep(
+                    gpu,
+                    &a.dims,
+                    qf,
+                    k,
+                    v,
+                    norms,
+                    &a.inv_freq,
+                    &b.pos,
+                    &a.q,
+                    &a.k_cache,
+                    &a.v_cache,
+                    a.eps,
+                )?;
+                let gate = a.dims.gated.then_some(qf);
+                ops::attention(
+                    gpu,
+                    &a.dims,
+                    &a.q,
+                    &a.k_cache,
+                    &a.v_cache,
+                    &b.pos,
+                    &a.scratch,
+                    gate,
+                    &a.o,
+                    a.oq.as_ref(),
+                    a.scale,
+                )?;
+                mv(gpu, &a.wo, &a.o, a.oq.as_ref(), &mut b.mix)
+            }
+            Op::Gdn(g) => {
+                g.inp.run(gpu, &b.h, b.hq.as_ref())?;
+                let w = GdnWeights {
+                    conv_w: &g.conv_w,
+                    dt_bias: &g.dt_bias,
+                    ssm_a: &g.ssm_a,
+                    norm_w: &g.norm_w,
+                };
+                ops::gdn_step(
+                    gpu,
+                    &g.dims,
+                    &w,
+                    g.inp.part(0),
+                    g.inp.part(1),
+                    g.inp.part(2),
+                    &g.ring,
+                    &g.state,
+                    &g.o,
+                    g.oq.as_ref(),
+                    &b.pos,
+                    g.eps,
+                    L2_EPS,
+                )?;
+                mv(gpu, &g.w_out, &g.o, g.oq.as_ref(), &mut b.mix)
+            }
+            Op::Moe(m) => {
+                let hq = b.hq.as_ref();
+                m.router.run(gpu, &b.h, hq)?;
+                let (logits, l0) = m.router.part(0);
+                ensure!(l0 == 0, "router logits must start their buffer");
+                ops::router_topk(
+                    gpu,
+                    logits,
+                    m.n_expert,
+                    m.k,
+                    m.norm_topk,
+                    None,
+                    &m.slots,
+                    &m.experts,
+                    &m.w,
+                )?;
+                let ff = m.gate.rows;
+                let kf = m.k * ff;
+                match (&mut m.ygu, hq) {
+                    (Some(ygu), Some(hq)) => {
+                        ExpertStack::gemv_gate_up_q8(
+                            &m.gate, &m.up, gpu, &m.slots, m.k, hq, ygu, DEFAULT_NR,
+                        )?;
+                        ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, m.actq.as_ref(), kf)?;
+                    }
+                    _ => {
+                        m.gate
+                            .gemv(gpu, &m.slots, m.k, &b.h, 0, &mut m.yg, DEFAULT_NR)?;
+                        m.up.gemv(gpu, &m.slots, m.k, &b.h, 0, &mut m.yu, DEFAULT_NR)?;
+                        ops::swiglu(gpu, (&m.yg, 0), (&m.yu, 0), &m.yg, m.actq.as_ref(), kf)?;
+                    }
+                }
+                match &m.actq {
+                    Some(q) => {
+                        m.down
+                            .gemv_q8(gpu, &m.slots, m.k, q, ff, &mut m.yd, DEFAULT_NR)?;
+                    }
+                    None => m
+                        .down
+                        .gemv(gpu, &m.slots, m.k, &m.yg, ff, &mut m.yd, DEFAULT_NR)?,
+                }
+                if let Some(s) = &mut m.shared {
+                    s.run(gpu, &b.h, hq)?;
+                }
+
+                let norm = m.next_norm.as_ref().map(|(w, eps, q)| ops::NextNorm {
+                    w,
+                    eps: *eps,
+                    h: &b.h,
+                    q8: if *q { b.hq.as_ref() } else { None },
+                });
+                ops::moe_combine(
+                    gpu,
+                    &b.x,
+                    &m.yd,
+                    &m.w,
+                    m.k,
+                    d,
+                    m.shared.as_ref().map(|s| &s.out),
+                    m.has_shared_gate.then(|| m.router.part(1)),
+                    norm,
+                )
+            }
+            Op::Dense(f) => {
+                f.run(gpu, &b.h, b.hq.as_ref())?;
+                ops::add_inplace(gpu, &b.x, &f.out, d)
+            }
+            Op::Head { norm, eps, w } => {
+                if let Some(n) = norm {
+                    ops::rms_norm(gpu, &b.x, None, n, Some(&b.h), None, 1, d, *eps, false)?;
+                }
+                w.gemv(gpu, &b.h, &mut b.logits, DEFAULT_NR)
+            }
+        }
+    }
+}
+
+/// Whether routed experts of this stack have int8 kernels.
+fn int8_experts(s: &ExpertStack) -> bool {
+    Q8_TYPES.contains(&s.layout.ty) && s.cols.is_multiple_of(32)
+}
+
+fn upload(gpu: &Gpu, f: &GgufFile, w: &Weight) -> Result<DeviceMatrix> {
+    DeviceMatrix::from_gguf(gpu, w.ty, w.rows(), w.cols(), w.bytes(f))
+        .with_context(|| format!("uploading {}", w.name))
+}
+
+fn f32s(gpu: &Gpu, v: &[f32]) -> Result<CudaSlice<f32>> {
+    Ok(gpu.stream.clone_htod(v)?)
+}
+
+/// Builds the ops from the architecture's stages.
+struct Builder<'a> {
+    gpu: &'a Gpu,
+    file: &'a GgufFile,
+    ctx: usize,
+    nsplit: Option<usize>,
+    int8: bool,
+    ops: Vec<Op>,
+    embd: Option<Weight>,
+    n_vocab: usize,
+}
+
+fn be(e: CudaError) -> ModelError {
+    ModelError::Backend {
+        backend: "cuda",
+        what: format!("{e:#}"),
+    }
+}
+
+impl Builder<'_> {
+    fn attention(&mut self, w: &AttnWeights, p: &AttnParams) -> Result<Op> {
+        let gpu = self.gpu;
+        if w.bq.is_some() || w.bk.is_some() || w.bv.is_some() {
+            bail!("attention biases are not supported on the device yet");
+        }
+        let s = p.shape;
+        let dims = AttnDims {
+            n_head: s.n_head,
+            n_kv: s.n_kv_head,
+            hd: s.head_dim,
+            n_rot: p.rope.n_rot(),
+            gated: w.gated,
+        };
+        dims.check()?;
+        let norms = match (&w.q_norm, &w.k_norm) {
+            (Some(q), Some(k)) => Some((f32s(gpu, q)?, f32s(gpu, k)?)),
+            (None, None) => None,
+            _ => bail!("only one of the q/k norms is present"),
+        };
+        let (nh, nkv, hd) = (dims.n_head, dims.n_kv, dims.hd);
+        let nsplit = self
+            .nsplit
+            .unwrap_or_else(|| ops::default_nsplit(&dims, gpu.sms));
+        Ok(Op::Attn(Box::new(AttnOp {
+            qkv: Proj::new(gpu, self.file, &[&w.wq, &w.wk, &w.wv])?,
+            wo: upload(gpu, self.file, &w.wo)?,
+            norms,
+            inv_freq: gpu.stream.clone_htod(p.rope.inv_freq())?,
+            scale: p.scale,
+            eps: p.eps,
+            q: gpu.stream.alloc_zeros(nh * hd)?,
+            o: gpu.stream.alloc_zeros(nh * hd)?,
+            oq: q8vec(gpu, self.int8, nh * hd)?,
+            k_cache: gpu.stream.alloc_zeros(self.ctx * nkv * hd)?,
+            v_cache: gpu.stream.alloc_zeros(self.ctx * nkv * hd)?,
+            scratch: AttnScratch::new(gpu, &dims, nsplit)?,
+            dims,
+        })))
+    }
+
+    fn deltanet(&mut self, w: &DeltaNetWeights, p: &DeltaNetParams) -> Result<Op> {
+        let gpu = self.gpu;
+        let s = p.shape;
+        let dims = GdnDims {
+            n_k: s.n_k_heads,
+            n_v: s.n_v_heads,
+            dk: s.dk,
+            dv: s.dv,
+            conv_kernel: p.conv_kernel,
+        };
+        dims.check()?;
+        let InProj::Split { qkv, gate } = &w.in_proj else {
+            bail!("the legacy fused ssm_in projection is not supported on the device yet");
+        };
+        let vd = dims.n_v * dims.dv;
+        Ok(Op::Gdn(Box::new(GdnOp {
+            inp: Proj::new(gpu, self.file, &[qkv, gate, &w.ba])?,
+            w_out: upload(gpu, self.file, &w.out)?,
+            conv_w: f32s(gpu, &w.conv)?,
+            dt_bias: f32s(gpu, &w.dt_bias)?,
+            ssm_a: f32s(gpu, &w.ssm_a)?,
+            norm_w: f32s(gpu, &w.norm)?,
+            eps: p.eps,
+            o: gpu.stream.alloc_zeros(vd)?,
+            oq: q8vec(gpu, self.int8 && dims.dv.is_multiple_of(32), vd)?,
+            ring: gpu.stream.alloc_zeros(dims.conv_kernel * dims.conv_dim())?,
+            state: gpu.stream.alloc_zeros(dims.state_len())?,
+            dims,
+        })))
+    }
+
+    fn moe(&mut self, w: &MoeWeights) -> Result<Op> {
+        let (gpu, f) = (self.gpu, self.file);
+        let (e, ff, k) = (w.n_expert, w.ff, w.n_used);
+        let stack = |t: &Weight, rows_total: usize, row0: usize, rows: usize| {
+            ExpertStack::from_gguf(gpu, t.ty, rows_total, row0, rows, t.cols(), e, t.bytes(f))
+                .with_context(|| format!("uploading {}", t.name))
+        };
+        let (gate, up) = match &w.gate_up {
+            ExpertsGateUp::Separate { gate, up } => {
+                (stack(gate, ff, 0, ff)?, stack(up, ff, 0, ff)?)
+            }
+            ExpertsGateUp::Merged(gu) => (stack(gu, 2 * ff, 0, ff)?, stack(gu, 2 * ff, ff, ff)?),
+        };
+        let down = stack(&w.down, w.down.rows() / e, 0, w.down.rows() / e)?;
+        let d = down.rows;
+        let shared = w
+            .shared
+            .as_ref()
+            .map(|s| FfnOp::new(gpu, f, s, self.int8))
+            .transpose()?;
+        let mut parts = vec![&w.router];
+        parts.extend(w.shared_gate.as_ref());
+        Ok(Op::Moe(Box::new(MoeOp {
+            router: Proj::new(gpu, f, &parts)?,
+            has_shared_gate: w.shared_gate.is_some(),
+            n_expert: e,
+            k,
+            norm_topk: w.norm_topk,
+            slots: gpu.stream.alloc_zeros(k)?,
+            experts: gpu.stream.alloc_zeros(k)?,
+            w: gpu.stream.alloc_zeros(k)?,
+            yg: gpu.stream.alloc_zeros(k * ff)?,
+            yu: gpu.stream.alloc_zeros(k * ff)?,
+            yd: gpu.stream.alloc_zeros(k * d)?,
+            ygu: if self.int8 && int8_experts(&gate) && gate.layout == up.layout {
+                Some(gpu.stream.alloc_zeros(2 * k * ff)?)
+            } else {
+                None
+            },
+            actq: if int8_experts(&down) {
+                q8vec(gpu, self.int8, k * ff)?
+            } else {
+                None
+            },
+            gate,
+            up,
+            down,
+            shared,
+            next_norm: None,
+        })))
+    }
+}
+
+impl TokenStages for Builder<'_> {
+    fn embed(&mut self, w: &Weight) -> Result<(), ModelError> {
+        self.embd = Some(w.clone());
+        Ok(())
+    }
+
+    fn norm(&mut self, w: &[f32], eps: f32, add_mix: bool) -> Result<(), ModelError> {
+        let w = f32s(self.gpu, w).map_err(be)?;
+        self.ops.push(Op::Norm { w, eps, add_mix });
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        w: &AttnWeights,
+        p: &AttnParams,
+    ) -> Result<(), ModelError> {
+        let op =
+            Builder::attention(self, w, p).map_err(|e| be(e.context(format!("layer {layer}"))))?;
+        self.ops.push(op);
+        Ok(())
+    }
+
+    fn deltanet(
+        &mut self,
+        layer: usize,
+        w: &DeltaNetWeights,
+        p: &DeltaNetParams,
+    ) -> Result<(), ModelError> {
+        let op =
+            Builder::deltanet(self, w, p).map_err(|e| be(e.context(format!("layer {layer}"))))?;
+        self.ops.push(op);
+        Ok(())
+    }
+
+    fn moe(&mut self, layer: usize, w: &MoeWeights) -> Result<(), ModelError> {
+        let op = Builder::moe(self, w).map_err(|e| be(e.context(format!("layer {layer}"))))?;
+        self.ops.push(op);
+        Ok(())
+    }
+
+    fn dense_ffn(&mut self, layer: usize, w: &DenseFfn) -> Result<(), ModelError> {
+        let op = FfnOp::new(self.gpu, self.file, w, self.int8)
+            .map_err(|e| be(e.context(format!("layer {layer}"))))?;
+        self.ops.push(Op::Dense(Box::new(op)));
+        Ok(())
+    }
+
+    fn head(&mut self, norm: &[f32], eps: f32, w: &Weight) -> Result<(), ModelError> {
+        let norm = f32s(self.gpu, norm).map_err(be)?;
+        let w = upload(self.gpu, self.file, w).map_err(be)?;
+        self.n_vocab = w.rows;
+        self.ops.push(Op::Head {
+            norm: Some(norm),
+            eps,
+            w,
+        });
+        Ok(())
+    }
+}
+
+/// Options of the device decoder.
+#[derive(Clone, Debug)]
+pub struct DecoderOptions {
+    /// Positions the KV caches hold.
+    pub ctx: usize,
+    /// Slices of the split attention (None: about two blocks per SM).
+    pub nsplit: Option<usize>,
+    /// int8 activations for the formats with int8 kernels (faster; the
+    /// CPU fast path's kind of rounding instead of the reference path's).
+    pub int8: bool,
+}
+
+/// One sequence decoded on the GPU, a token per graph replay.
+pub struct CudaDecoder {
+    gpu: Gpu,
+    ops: Vec<Op>,
+    bufs: Bufs,
+    graph: Option<CudaGraph>,
+    embd: Weight,
+    row: Vec<f32>,
+    pos: usize,
+    ctx: usize,
+    /// Device bytes of the uploaded weights and state.
+    pub device_bytes: usize,
+}
+
+impl CudaDecoder {
+    /// Upload `model`'s weights, allocate the state for `opts.ctx`
+    /// positions and capture one token's graph.
+    pub fn new(gpu: Gpu, model: &Model, opts: &DecoderOptions) -> Result<Self> {
+        ensure!(
+            opts.ctx >= 1 && opts.ctx <= i32::MAX as usize,
+            "context size"
+        );
+        gpu.ctx.bind_to_thread()?;
+        let (free0, _) = cudarc::driver::result::mem_get_info()?;
+        let mut b = Builder {
+            gpu: &gpu,
+            file: model.file(),
+            ctx: opts.ctx,
+            nsplit: opts.nsplit,
+            int8: opts.int8,
+            ops: Vec::new(),
+            embd: None,
+            n_vocab: 0,
+        };
+        model.arch().decode_stages(&mut b)?;
+        let (ops, embd, n_vocab) = (fuse_norms(b.ops), b.embd, b.n_vocab);
+        let embd = embd.context("the stages never embedded the token")?;
+        let d = embd.cols();
+        let bufs = Bufs {
+            x: gpu.stream.alloc_zeros(d)?,
+            h: gpu.stream.alloc_zeros(d)?,
+            mix: gpu.stream.alloc_zeros(d)?,
+            logits: gpu.stream.alloc_zeros(n_vocab)?,
+            pos: gpu.stream.alloc_zeros(1)?,
+            hq: q8vec(&gpu, opts.int8, d)?,
+        };
+        gpu.sync()?;
+        let (free1, _) = cudarc::driver::result::mem_get_info()?;
+        let mut dec = Self {
+            gpu,
+            ops,
+            bufs,
+            graph: None,
+            row: vec![0f32; d],
+            embd,
+            pos: 0,
+            ctx: opts.ctx,
+            device_bytes: free0.saturating_sub(free1),
+        };
+        dec.capture()?;
+        Ok(dec)
+    }
+
+    fn capture(&mut self) -> Result<()> {
+        let gpu = &self.gpu;
+        gpu.sync()?;
+        gpu.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        let mut res = Ok(());
+        for op in &mut self.ops {
+            res = op.run(gpu, &mut self.bufs);
+            if res.is_err() {
+                break;
+            }
+        }
+        let graph = gpu.stream.end_capture(CUgraphInstantiate_flags(0));
+        res?;
+        self.graph = Some(graph?.context("captured an empty graph")?);
+        Ok(())
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Kernel launches per token.
+    pub fn n_ops(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Positions run so far.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    /// Jump to position `pos` without running the tokens before it (the
+    /// caches keep whatever they hold): for timing decode at a depth.
+    pub fn set_pos(&mut self, pos: usize) -> Result<()> {
+        ensure!(
+            pos < self.ctx,
+            "position {pos} outside the context of {}",
+            self.ctx
+        );
+        self.pos = pos;
+        Ok(())
+    }
+
+    /// Forget the sequence: position 0, zero DeltaNet windows and states
+    /// (KV rows are overwritten before they are read).
+    pub fn reset(&mut self) -> Result<()> {
+        for op in &mut self.ops {
+            if let Op::Gdn(g) = op {
+                self.gpu.stream.memset_zeros(&mut g.ring)?;
+                self.gpu.stream.memset_zeros(&mut g.state)?;
+            }
+        }
+        self.gpu.sync()?;
+        self.pos = 0;
+        Ok(())
+    }
+
+    /// The experts the last token chose, per MoE layer in layer order
+    /// (ascending ids, as the router kernel writes them).
+    pub fn routes(&self) -> Result<Vec<Vec<u32>>> {
+        self.gpu.sync()?;
+        self.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Moe(m) => Some(&m.experts),
+                _ => None,
+            })
+            .map(|e| Ok(self.gpu.stream.clone_dtoh(e)?))
+            .collect()
+    }
+
+    /// Run `token` at the current position; returns the logits.
+    pub fn step(&mut self, model: &Model, token: u32) -> Result<Vec<f32>> {
+        self.launch(model, token)?;
+        self.gpu.sync()?;
+        Ok(self.gpu.stream.clone_dtoh(&self.bufs.logits)?)
+    }
+
+    /// Run `token` without reading the logits back (they stay on the
+    /// device; the host waits for the token). For timing.
+    pub fn step_no_logits(&mut self, model: &Model, token: u32) -> Result<()> {
+        self.launch(model, token)?;
+        self.gpu.sync()
+    }
+
+    fn launch(&mut self, model: &Model, token: u32) -> Result<()> {
+        ensure!(
+            self.pos < self.ctx,
+            "context of {} positions is full",
+            self.ctx
+        );
+        let m = self.embd.matrix(model.file())?;
+        ensure!(
+            (token as usize) < m.rows,
+            "token {token} outside the vocabulary"
+        );
+        m.dequantize_row(token as usize, &mut self.row)?;
+        let gpu = &self.gpu;
+        gpu.stream.memcpy_htod(&self.row, &mut self.bufs.x)?;
+        gpu.stream
+            .memcpy_htod(&[self.pos as i32], &mut self.bufs.pos)?;
+        self.graph.as_ref().context("no graph")?.launch()?;
+        self.pos += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,605 @@
+//! Launch wrappers of the decode kernels other than the GEMVs: RMSNorm,
+//! the attention input (norm + RoPE + KV append), split-K grouped decode
+//! attention and its merge, the fused Gated DeltaNet step, the router
+//! top-k and the element-wise helpers. Each checks the sizes it can see and
+//! passes raw device pointers (the kernels take plain pointers; buffers
+//! live on the one stream of [`Gpu`], so no cross-stream ordering is
+//! needed, see `device.rs`).
+//!
+//! The float64 references of every kernel are in [`crate::reference`].
+
+use crate::device::Gpu;
+use crate::error::{ensure, Result};
+use crate::gemv::Q8Vec;
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+
+/// The raw device address of a buffer (0 for `None`: a null pointer).
+pub fn dptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
+    match s {
+        Some(s) => s.device_ptr(&gpu.stream).0,
+        None => 0,
+    }
+}
+
+/// A vector inside a buffer: the buffer and the offset (in floats) where
+/// the vector starts (several GEMV outputs share one buffer when their
+/// matrices are uploaded as one).
+pub type At<'a> = (&'a CudaSlice<f32>, usize);
+
+/// The raw address of `a` (checked to hold `n` floats).
+fn at_ptr(gpu: &Gpu, a: At, n: usize) -> Result<u64> {
+    ensure!(
+        a.0.len() >= a.1 + n,
+        "buffer of {} floats holds no {n} at {}",
+        a.0.len(),
+        a.1
+    );
+    Ok(dptr(gpu, Some(a.0)) + 4 * a.1 as u64)
+}
+
+/// Raw pointers of an int8 activation buffer (null, null for `None`).
+fn q8ptrs(gpu: &Gpu, q8: Option<&Q8Vec>) -> (u64, u64) {
+    (dptr(gpu, q8.map(|q| &q.q)), dptr(gpu, q8.map(|q| &q.d)))
+}
+
+fn cfg(grid: (u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid.0, grid.1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Push every argument (scalars and raw pointers, all `DeviceRepr`) and
+/// launch.
+///
+/// # Safety
+/// `args` must match the kernel's parameter list in order and type, and
+/// every pointer must address a live buffer large enough for what the
+/// kernel reads and writes with these sizes.
+unsafe fn launch(gpu: &Gpu, name: &str, c: LaunchConfig, args: &[&dyn Arg]) -> Result<()> {
+    let f = gpu.func(name)?;
+    let mut b = gpu.stream.launch_builder(f);
+    for a in args {
+        a.push(&mut b);
+    }
+    // SAFETY: the caller's contract (above).
+    unsafe { b.launch(c) }?;
+    Ok(())
+}
+
+/// A kernel argument pushed by value.
+trait Arg {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+}
+impl<T: DeviceRepr> Arg for T {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
+        b.arg(self);
+    }
+}
+
+fn i32_of(n: usize) -> Result<i32> {
+    ensure!(n <= i32::MAX as usize, "size {n} exceeds i32");
+    Ok(n as i32)
+}
+
+/// `out[r] = x[r] * s * w` per row of `d` (rows = x.len() / d); with `res`,
+/// `x += res` first (written back). `out` None: in place. `q8`: the output
+/// also quantized for the int8 kernels (one launch for both).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    res: Option<&CudaSlice<f32>>,
+    w: &CudaSlice<f32>,
+    out: Option<&CudaSlice<f32>>,
+    q8: Option<&Q8Vec>,
+    rows: usize,
+    d: usize,
+    eps: f32,
+    add_one: bool,
+) -> Result<()> {
+    ensure!(rows >= 1 && d >= 1 && x.len() >= rows * d && w.len() >= d);
+    ensure!(q8.is_none_or(|q| q.n >= rows * d && d.is_multiple_of(32)));
+    ensure!(res.is_none_or(|r| r.len() >= rows * d));
+    ensure!(out.is_none_or(|o| o.len() >= rows * d));
+    let (xp, rp, wp) = (dptr(gpu, Some(x)), dptr(gpu, res), dptr(gpu, Some(w)));
+    let op = out.map_or(xp, |o| dptr(gpu, Some(o)));
+    let (d_i, one) = (i32_of(d)?, add_one as i32);
+    let (qp, qdp) = (dptr(gpu, q8.map(|q| &q.q)), dptr(gpu, q8.map(|q| &q.d)));
+    let block = if d >= 1024 { 1024 } else { 256 };
+    // SAFETY: rms_norm(float* x, const float* res, const float* w, float*
+    // out, i8* q, float* qd, int d, float eps, int add_one); x, res, out
+    // hold rows*d floats, w d floats, q rows*d bytes and qd rows*d/32
+    // floats with d % 32 == 0 (checked above).
+    unsafe {
+        launch(
+            gpu,
+            "rms_norm",
+            cfg((rows as u32, 1), block),
+            &[&xp, &rp, &wp, &op, &qp, &qdp, &d_i, &eps, &one],
+        )
+    }
+}
+
+/// Shapes of one attention layer on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnDims {
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub hd: usize,
+    pub n_rot: usize,
+    pub gated: bool,
+}
+
+impl AttnDims {
+    /// Query heads per block of `attn_split` (the largest power of two
+    /// <= 8 dividing the GQA group).
+    pub fn heads_per_block(&self) -> usize {
+        let g = self.n_head / self.n_kv;
+        [8, 4, 2, 1]
+            .into_iter()
+            .find(|b| g.is_multiple_of(*b))
+            .unwrap_or(1)
+    }
+
+    pub fn check(&self) -> Result<()> {
+        ensure!(
+            self.n_kv >= 1 && self.n_head.is_multiple_of(self.n_kv),
+            "attention: {} heads, {} KV heads",
+            self.n_head,
+            self.n_kv
+        );
+        ensure!(
+            matches!(self.hd, 64 | 128 | 256),
+            "attention: head_dim {} (the device kernels take 64, 128, 256)",
+            self.hd
+        );
+        ensure!(self.n_rot <= self.hd && self.n_rot.is_multiple_of(2));
+        Ok(())
+    }
+}
+
+/// Attention input for one token at position `*pos`: per head RMSNorm
+/// (weights optional) and RoPE of q (from `q_full`, per head `hd` query
+/// values then, gated, `hd` gate values) into `q_out`; k normed, rotated and
+/// v appended to the caches at `pos` (`[ctx][n_kv][hd]`).
+#[allow(clippy::too_many_arguments)]
+pub fn attn_prep(
+    gpu: &Gpu,
+    a: &AttnDims,
+    q_full: At,
+    k: At,
+    v: At,
+    norms: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+    inv_freq: &CudaSlice<f64>,
+    pos: &CudaSlice<i32>,
+    q_out: &CudaSlice<f32>,
+    k_cache: &CudaSlice<f32>,
+    v_cache: &CudaSlice<f32>,
+    eps: f32,
+) -> Result<()> {
+    a.check()?;
+    let (nh, nkv, hd) = (a.n_head, a.n_kv, a.hd);
+    ensure!(q_out.len() >= nh * hd);
+    let (qfp, kp, vp) = (
+        at_ptr(gpu, q_full, nh * hd * (1 + a.gated as usize))?,
+        at_ptr(gpu, k, nkv * hd)?,
+        at_ptr(gpu, v, nkv * hd)?,
+    );
+    ensure!(k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(nkv * hd));
+    ensure!(inv_freq.len() >= a.n_rot / 2 && !pos.is_empty());
+    ensure!(norms.is_none_or(|(q, k)| q.len() >= hd && k.len() >= hd));
+    let args: [u64; 10] = [
+        qfp,
+        kp,
+        vp,
+        dptr(gpu, norms.map(|n| n.0)),
+        dptr(gpu, norms.map(|n| n.1)),
+        dptr(gpu, Some(inv_freq)),
+        dptr(gpu, Some(pos)),
+        dptr(gpu, Some(q_out)),
+        dptr(gpu, Some(k_cache)),
+        dptr(gpu, Some(v_cache)),
+    ];
+    let (n_rot, nh_i, nkv_i, hd_i, gated) = (
+        a.n_rot as i32,
+        nh as i32,
+        nkv as i32,
+        hd as i32,
+        a.gated as i32,
+    );
+    // SAFETY: attn_prep(q_full, k, v, q_norm, k_norm, inv_freq, n_rot, pos,
+    // q_out, k_cache, v_cache, n_head, n_kv, hd, gated, eps); sizes checked
+    // above. The caller keeps *pos < ctx (the cache's positions): the
+    // kernel writes position *pos of the caches.
+    unsafe {
+        launch(
+            gpu,
+            "attn_prep",
+            cfg(((nh + nkv) as u32, 1), 256),
+            &[
+                &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], &n_rot, &args[6],
+                &args[7], &args[8], &args[9], &nh_i, &nkv_i, &hd_i, &gated, &eps,
+            ],
+        )
+    }
+}
+
+/// Scratch of the split attention: per query head and slice, (m, l) and
+/// the unnormalised output.
+pub struct AttnScratch {
+    pub nsplit: usize,
+    pub part_o: CudaSlice<f32>,
+    pub part_ml: CudaSlice<f32>,
+}
+
+impl AttnScratch {
+    pub fn new(gpu: &Gpu, a: &AttnDims, nsplit: usize) -> Result<Self> {
+        ensure!((1..=65535).contains(&nsplit));
+        Ok(Self {
+            nsplit,
+            part_o: gpu.stream.alloc_zeros(a.n_head * nsplit * a.hd)?,
+            part_ml: gpu.stream.alloc_zeros(a.n_head * nsplit * 2)?,
+        })
+    }
+}
+
+/// Slices for a device with `sms` multiprocessors: one wave of blocks (one
+/// block per SM over the KV heads and head groups: the 8-head kernel holds
+/// ~200 registers a thread, one 256-thread block per SM).
+pub fn default_nsplit(a: &AttnDims, sms: usize) -> usize {
+    let groups = a.n_kv * (a.n_head / a.n_kv / a.heads_per_block());
+    sms.div_ceil(groups).clamp(1, 256)
+}
+
+/// Decode attention of the query `q` (`n_head x hd`) over positions
+/// `0..=*pos` of the caches; `gate` (the q_full buffer, gated layers):
+/// out *= sigmoid(gate) in the merge.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    gpu: &Gpu,
+    a: &AttnDims,
+    q: &CudaSlice<f32>,
+    k_cache: &CudaSlice<f32>,
+    v_cache: &CudaSlice<f32>,
+    pos: &CudaSlice<i32>,
+    scratch: &AttnScratch,
+    gate: Option<At>,
+    out: &CudaSlice<f32>,
+    q8: Option<&Q8Vec>,
+    scale: f32,
+) -> Result<()> {
+    a.check()?;
+    ensure!(q8.is_none_or(|q| q.n >= a.n_head * a.hd));
+    let (qp, qdp) = q8ptrs(gpu, q8);
+    let (nh, nkv, hd) = (a.n_head, a.n_kv, a.hd);
+    ensure!(q.len() >= nh * hd && out.len() >= nh * hd && !pos.is_empty());
+    ensure!(k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(nkv * hd));
+
+    ensure!(scratch.part_o.len() >= nh * scratch.nsplit * hd);
+    let gb = a.heads_per_block();
+    let name = format!("attn_split_g{gb}_d{}", hd / 32);
+    let ns = scratch.nsplit;
+    let grid = ((nkv * (nh / nkv / gb)) as u32, ns as u32);
+    let p: [u64; 6] = [
+        dptr(gpu, Some(q)),
+        dptr(gpu, Some(k_cache)),
+        dptr(gpu, Some(v_cache)),
+        dptr(gpu, Some(pos)),
+        dptr(gpu, Some(&scratch.part_o)),
+        dptr(gpu, Some(&scratch.part_ml)),
+    ];
+    let (nh_i, nkv_i, ns_i) = (nh as i32, nkv as i32, ns as i32);
+    // SAFETY: attn_split_gGB_dDPL(q, k_cache, v_cache, pos, part_o,
+    // part_ml, n_head, n_kv, nsplit, scale) with hd = 32*DPL and GB
+    // dividing the group (heads_per_block); the scratch holds n_head *
+    // nsplit slices; the caller keeps *pos < the caches' positions.
+    unsafe {
+        launch(
+            gpu,
+            &name,
+            cfg(grid, 256),
+            &[
+                &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &nh_i, &nkv_i, &ns_i, &scale,
+            ],
+        )
+    }?;
+    let gp = match gate {
+        Some(g) => at_ptr(gpu, g, 2 * nh * hd)? + 4 * hd as u64,
+        None => 0,
+    };
+    let op = dptr(gpu, Some(out));
+    let (gs, hd_i) = (2 * hd as i32, hd as i32);
+    // SAFETY: attn_merge(part_o, part_ml, gate, gate_stride, out, q8,
+    // q8d, nsplit, hd) (q8: n_head*hd values, checked above), grid (n_head, hd/64) with hd a multiple of 64 (AttnDims::check):
+    // gate (when given) points at the first gate value of q_full
+    // (query values of head 0 skipped), head h's at h*2*hd; out holds
+    // n_head*hd floats (checked above).
+    unsafe {
+        launch(
+            gpu,
+            "attn_merge",
+            cfg((nh as u32, (hd / 64) as u32), 256),
+            &[&p[4], &p[5], &gp, &gs, &op, &qp, &qdp, &ns_i, &hd_i],
+        )
+    }
+}
+
+/// Shapes of one Gated DeltaNet layer on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct GdnDims {
+    pub n_k: usize,
+    pub n_v: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub conv_kernel: usize,
+}
+
+/// Threads of `gdn_step` (`GDN_THREADS`) and rows held per thread.
+pub const GDN_THREADS: usize = 512;
+const GDN_MAXR: usize = 32;
+
+impl GdnDims {
+    pub fn key_dim(&self) -> usize {
+        self.n_k * self.dk
+    }
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.n_v * self.dv
+    }
+    pub fn state_len(&self) -> usize {
+        self.n_v * self.dk * self.dv
+    }
+    pub fn check(&self) -> Result<()> {
+        let s = self;
+        ensure!(
+            s.n_k >= 1 && s.n_v.is_multiple_of(s.n_k),
+            "deltanet: {} key heads, {} value heads",
+            s.n_k,
+            s.n_v
+        );
+        ensure!(
+            s.dv >= 1 && GDN_THREADS.is_multiple_of(s.dv) && s.dv <= 512,
+            "deltanet: value head dim {} must divide {GDN_THREADS}",
+            s.dv
+        );
+        let p = GDN_THREADS / s.dv;
+        ensure!(
+            s.dk >= 1 && s.dk <= 256 && s.dk <= p * GDN_MAXR,
+            "deltanet: key head dim {} too large for the device kernel",
+            s.dk
+        );
+        ensure!((2..=8).contains(&s.conv_kernel), "deltanet: conv kernel");
+        Ok(())
+    }
+}
+
+/// Per-layer weights of the DeltaNet step (f32, on the device).
+pub struct GdnWeights<'a> {
+    pub conv_w: &'a CudaSlice<f32>,
+    pub dt_bias: &'a CudaSlice<f32>,
+    pub ssm_a: &'a CudaSlice<f32>,
+    pub norm_w: &'a CudaSlice<f32>,
+}
+
+/// One fused Gated DeltaNet step at position `*pos`: conv window `ring`
+/// (`K x conv_dim`, position p in slot p % K), state (`n_v x dk x dv`);
+/// `out` = gated-normed output (`n_v x dv`).
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_step(
+    gpu: &Gpu,
+    s: &GdnDims,
+    w: &GdnWeights,
+    qkv: At,
+    z: At,
+    ba: At,
+    ring: &CudaSlice<f32>,
+    state: &CudaSlice<f32>,
+    out: &CudaSlice<f32>,
+    q8: Option<&Q8Vec>,
+    pos: &CudaSlice<i32>,
+    eps: f32,
+    l2_eps: f32,
+) -> Result<()> {
+    s.check()?;
+    ensure!(q8.is_none_or(|q| q.n >= s.n_v * s.dv && s.dv.is_multiple_of(32)));
+    let (qp, qdp) = q8ptrs(gpu, q8);
+    let (cd, vd) = (s.conv_dim(), s.n_v * s.dv);
+    ensure!(out.len() >= vd);
+    let (qkvp, zp, bap) = (
+        at_ptr(gpu, qkv, cd)?,
+        at_ptr(gpu, z, vd)?,
+        at_ptr(gpu, ba, 2 * s.n_v)?,
+    );
+    ensure!(ring.len() >= s.conv_kernel * cd && state.len() >= s.state_len());
+    ensure!(w.conv_w.len() >= cd * s.conv_kernel && w.norm_w.len() >= s.dv);
+    ensure!(w.dt_bias.len() >= s.n_v && w.ssm_a.len() >= s.n_v && !pos.is_empty());
+    let p: [u64; 11] = [
+        qkvp,
+        zp,
+        bap,
+        dptr(gpu, Some(w.conv_w)),
+        dptr(gpu, Some(w.dt_bias)),
+        dptr(gpu, Some(w.ssm_a)),
+        dptr(gpu, Some(w.norm_w)),
+        dptr(gpu, Some(ring)),
+        dptr(gpu, Some(state)),
+        dptr(gpu, Some(out)),
+        dptr(gpu, Some(pos)),
+    ];
+    let d: [i32; 5] = [
+        s.n_k as i32,
+        s.n_v as i32,
+        s.dk as i32,
+        s.dv as i32,
+        s.conv_kernel as i32,
+    ];
+    // SAFETY: gdn_step(qkv, z, ba, conv_w, dt_bias, ssm_a, norm_w, ring,
+    // state, out, q8, q8d, pos, n_k, n_v, dk, dv, K, eps, l2_eps); every buffer's
+    // size is checked above against the shapes, and the shapes against the
+    // kernel's limits (GdnDims::check).
+    unsafe {
+        launch(
+            gpu,
+            "gdn_step",
+            cfg((s.n_v as u32, 1), GDN_THREADS as u32),
+            &[
+                &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &qp, &qdp,
+                &p[10], &d[0], &d[1], &d[2], &d[3], &d[4], &eps, &l2_eps,
+            ],
+        )
+    }
+}
+
+/// Router softmax + top-k over `n` logits: chosen experts (ascending),
+/// their slots (`slot_of` None: identity) and weights.
+#[allow(clippy::too_many_arguments)]
+pub fn router_topk(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    n: usize,
+    k: usize,
+    norm: bool,
+    slot_of: Option<&CudaSlice<u32>>,
+    slots: &CudaSlice<u32>,
+    experts: &CudaSlice<u32>,
+    w: &CudaSlice<f32>,
+) -> Result<()> {
+    ensure!(
+        (1..=1024).contains(&n) && (1..=32).contains(&k) && k <= n,
+        "router: {k} of {n} experts (device kernel: n <= 1024, k <= 32)"
+    );
+    ensure!(logits.len() >= n && slots.len() >= k && experts.len() >= k && w.len() >= k);
+    ensure!(slot_of.is_none_or(|s| s.len() >= n));
+    let p: [u64; 5] = [
+        dptr(gpu, Some(logits)),
+        dptr(gpu, slot_of),
+        dptr(gpu, Some(slots)),
+        dptr(gpu, Some(experts)),
+        dptr(gpu, Some(w)),
+    ];
+    let (n_i, k_i, norm_i) = (n as i32, k as i32, norm as i32);
+    // SAFETY: router_topk(logits, n, k, norm, slot_of, slots_out,
+    // experts_out, w_out); sizes checked above (n <= 32 * 32 lanes' worth).
+    unsafe {
+        launch(
+            gpu,
+            "router_topk",
+            cfg((1, 1), 32),
+            &[&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]],
+        )
+    }
+}
+
+/// `out = SiLU(g) * u` over `n` values (out may be g); `q8`: out also as
+/// int8 activations.
+pub fn swiglu(
+    gpu: &Gpu,
+    g: (&CudaSlice<f32>, usize),
+    u: (&CudaSlice<f32>, usize),
+    out: &CudaSlice<f32>,
+    q8: Option<&Q8Vec>,
+    n: usize,
+) -> Result<()> {
+    ensure!(g.0.len() >= g.1 + n && u.0.len() >= u.1 + n && out.len() >= n && n >= 1);
+    ensure!(q8.is_none_or(|q| q.n >= n && n.is_multiple_of(32)));
+    let (qp, qdp) = q8ptrs(gpu, q8);
+    let gp = dptr(gpu, Some(g.0)) + 4 * g.1 as u64;
+    let up = dptr(gpu, Some(u.0)) + 4 * u.1 as u64;
+    let op = dptr(gpu, Some(out));
+    let n_i = i32_of(n)?;
+    // SAFETY: swiglu(g, u, out, q, qd, n): g and u hold n floats from
+    // their offsets, out n floats, q/qd (when given) n values with n % 32
+    // == 0 (checked above).
+    unsafe {
+        launch(
+            gpu,
+            "swiglu",
+            cfg(((n as u32).div_ceil(256), 1), 256),
+            &[&gp, &up, &op, &qp, &qdp, &n_i],
+        )
+    }
+}
+
+/// `x += y` over `n` values.
+pub fn add_inplace(gpu: &Gpu, x: &CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
+    ensure!(x.len() >= n && y.len() >= n && n >= 1);
+    let (xp, yp, n_i) = (dptr(gpu, Some(x)), dptr(gpu, Some(y)), i32_of(n)?);
+    // SAFETY: add_inplace(x, y, n); both hold n floats (checked above).
+    unsafe {
+        launch(
+            gpu,
+            "add_inplace",
+            cfg(((n as u32).div_ceil(256), 1), 256),
+            &[&xp, &yp, &n_i],
+        )
+    }
+}
+
+/// The next block's RMSNorm fused into [`moe_combine`]: weights, eps, the
+/// normed output and optionally its int8 form.
+pub struct NextNorm<'a> {
+    pub w: &'a CudaSlice<f32>,
+    pub eps: f32,
+    pub h: &'a CudaSlice<f32>,
+    pub q8: Option<&'a Q8Vec>,
+}
+
+/// `x += Σ_i w[i]·ys[i] + sh·sigmoid(sh_logit)` (`k` routed outputs of
+/// `d` values; the shared expert and its gate optional); with `norm`, also
+/// `h = RMSNorm(x)·norm.w` in the same launch.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_combine(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    ys: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    k: usize,
+    d: usize,
+    sh: Option<&CudaSlice<f32>>,
+    sh_logit: Option<At>,
+    norm: Option<NextNorm>,
+) -> Result<()> {
+    ensure!(x.len() >= d && ys.len() >= k * d && w.len() >= k && d >= 1);
+    ensure!(sh.is_none_or(|s| s.len() >= d));
+    let slp = match sh_logit {
+        Some(a) => at_ptr(gpu, a, 1)?,
+        None => 0,
+    };
+    let p: [u64; 5] = [
+        dptr(gpu, Some(x)),
+        dptr(gpu, Some(ys)),
+        dptr(gpu, Some(w)),
+        dptr(gpu, sh),
+        slp,
+    ];
+    let (k_i, d_i) = (i32_of(k)?, i32_of(d)?);
+    if let Some(n) = norm {
+        ensure!(n.w.len() >= d && n.h.len() >= d);
+        ensure!(n.q8.is_none_or(|q| q.n >= d && d.is_multiple_of(32)));
+        let (wp, hp) = (dptr(gpu, Some(n.w)), dptr(gpu, Some(n.h)));
+        let (qp, qdp) = q8ptrs(gpu, n.q8);
+        // SAFETY: moe_combine_norm(x, ys, w, k, d, sh, sh_logit, norm_w,
+        // eps, h, q, qd); x, h, norm_w hold d floats, ys k*d, w k, q/qd d
+        // values with d % 32 == 0 (checked above); one block.
+        return unsafe {
+            launch(
+                gpu,
+                "moe_combine_norm",
+                cfg((1, 1), 1024),
+                &[
+                    &p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4], &wp, &n.eps, &hp, &qp, &qdp,
+                ],
+            )
+        };
+    }
+    // SAFETY: moe_combine(x, ys, w, k, d, sh, sh_logit); sizes checked above.
+    unsafe {
+        launch(
+            gpu,
+            "moe_combine",
+            cfg(((d as u32).div_ceil(256), 1), 256),
+            &[&p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4]],
+        )
+    }
+}

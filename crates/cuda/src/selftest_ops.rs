@@ -1,0 +1,537 @@
+//! `redlite selftest`, part two: the decode kernels of [`crate::ops`]
+//! against the float64 references of [`crate::reference`] on random inputs
+//! at several sizes (the model's shapes and the tiny fixtures'), outputs
+//! poisoned with NaN first.
+
+use crate::device::Gpu;
+use crate::error::Result;
+use crate::gemv::Q8Vec;
+use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
+use crate::reference::{self as r, GdnShape, GdnStepInputs};
+use crate::selftest::{compare, fold, Worst};
+use crate::testdata::{random_vec, Rng};
+use cudarc::driver::CudaSlice;
+
+fn up<T: cudarc::driver::DeviceRepr>(gpu: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
+    Ok(gpu.stream.clone_htod(v)?)
+}
+
+fn nan(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
+    up(gpu, &vec![f32::NAN; n])
+}
+
+fn down(gpu: &Gpu, s: &CudaSlice<f32>) -> Result<Vec<f32>> {
+    gpu.sync()?;
+    Ok(gpu.stream.clone_dtoh(s)?)
+}
+
+fn scaled(n: usize, lo: f32, hi: f32, rng: &mut Rng) -> Vec<f32> {
+    (0..n)
+        .map(|_| lo + (hi - lo) * 0.5 * (rng.uniform() + 1.0))
+        .collect()
+}
+
+/// Every decode kernel; rows appended to `out`.
+pub fn run(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
+    let mut q8w = Worst::new(
+        "int8 outputs fused into rms_norm, swiglu, gdn_step, attn_merge (abs: worst |q - q_cpu|)"
+            .into(),
+    );
+    out.push(rms_norm(gpu, rng)?);
+    rms_norm_q8(gpu, rng, &mut q8w)?;
+    out.push(attn_prep(gpu, rng)?);
+    out.extend(attention(gpu, rng, &mut q8w)?);
+    out.push(deltanet(gpu, rng, &mut q8w)?);
+    out.push(router(gpu, rng)?);
+    out.push(elementwise(gpu, rng, &mut q8w)?);
+    out.push(q8w);
+    Ok(())
+}
+
+/// q and d of a fused int8 output against the CPU model of
+/// quantize_q8_32 applied to the kernel's own f32 output (q within 1: a
+/// rounding tie; rel = worst relative difference of d).
+fn check_q8(gpu: &Gpu, out: &[f32], q8: &Q8Vec, w: &mut Worst) -> Result<()> {
+    gpu.sync()?;
+    let (q, qd) = (gpu.stream.clone_dtoh(&q8.q)?, gpu.stream.clone_dtoh(&q8.d)?);
+    let (cq, cd) = crate::testdata::quantize_q8_32(&out[..q8.n]);
+    let dq = q
+        .iter()
+        .zip(&cq)
+        .map(|(&a, &b)| (a as i32 - b as i32).abs())
+        .max()
+        .unwrap_or(0);
+    let dd = qd
+        .iter()
+        .zip(&cd)
+        .map(|(&a, &b)| ((a - b) as f64).abs() / (b as f64).max(1e-30))
+        .fold(0f64, f64::max);
+    fold(w, (dq as f64, dd, dq <= 1));
+    Ok(())
+}
+
+fn rms_norm(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
+    let mut w = Worst::new("rms_norm (+residual, (1+w))".into());
+    for (rows, d) in [(1, 2048), (4, 256), (16, 64), (3, 4096), (32, 128)] {
+        for (with_res, add_one) in [(false, false), (true, false), (false, true), (true, true)] {
+            let x = random_vec(rows * d, rng);
+            let res = random_vec(rows * d, rng);
+            let wt = scaled(d, 0.5, 1.5, rng);
+            let (xs, want) = r::rms_norm(&x, with_res.then_some(&res[..]), &wt, d, 1e-6, add_one);
+            let (xd, rd, wd, od) = (
+                up(gpu, &x)?,
+                up(gpu, &res)?,
+                up(gpu, &wt)?,
+                nan(gpu, rows * d)?,
+            );
+            let rdo = with_res.then_some(&rd);
+            ops::rms_norm(gpu, &xd, rdo, &wd, Some(&od), None, rows, d, 1e-6, add_one)?;
+            fold(&mut w, compare(&down(gpu, &od)?, &want));
+            fold(&mut w, compare(&down(gpu, &xd)?, &xs));
+        }
+    }
+    Ok(w)
+}
+
+/// rms_norm with the int8 output fused: the f32 output against the f64
+/// reference, q and d against the CPU model of quantize_q8_32 applied to
+/// that output (abs = worst |q - q_cpu|, at most 1 at a rounding tie).
+fn rms_norm_q8(gpu: &Gpu, rng: &mut Rng, w: &mut Worst) -> Result<()> {
+    for (rows, d) in [(1, 2048), (4, 256), (2, 4096)] {
+        let x = random_vec(rows * d, rng);
+        let wt = scaled(d, 0.5, 1.5, rng);
+        let (_, want) = r::rms_norm(&x, None, &wt, d, 1e-6, false);
+        let (xd, wd, od) = (up(gpu, &x)?, up(gpu, &wt)?, nan(gpu, rows * d)?);
+        let q8 = Q8Vec::new(gpu, rows * d)?;
+        ops::rms_norm(
+            gpu,
+            &xd,
+            None,
+            &wd,
+            Some(&od),
+            Some(&q8),
+            rows,
+            d,
+            1e-6,
+            false,
+        )?;
+        let out = down(gpu, &od)?;
+        let (_, rel, ok) = compare(&out, &want);
+        w.all_written &= ok && rel < 1e-4;
+        check_q8(gpu, &out, &q8, w)?;
+    }
+    Ok(())
+}
+
+fn attn_prep(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
+    let mut w = Worst::new("attn_prep (q/k RMSNorm + partial RoPE + KV append)".into());
+    let shapes = [
+        (
+            AttnDims {
+                n_head: 16,
+                n_kv: 2,
+                hd: 256,
+                n_rot: 64,
+                gated: true,
+            },
+            1e7,
+        ),
+        (
+            AttnDims {
+                n_head: 4,
+                n_kv: 2,
+                hd: 64,
+                n_rot: 16,
+                gated: true,
+            },
+            1e7,
+        ),
+        (
+            AttnDims {
+                n_head: 8,
+                n_kv: 8,
+                hd: 128,
+                n_rot: 128,
+                gated: false,
+            },
+            1e4,
+        ),
+    ];
+    for (a, base) in shapes {
+        let inv: Vec<f64> = (0..a.n_rot / 2)
+            .map(|i| (base as f32 as f64).powf(-(2.0 * i as f64) / a.n_rot as f64))
+            .collect();
+        for pos in [0usize, 1, 1000, 70_000] {
+            let (ctx, slot) = (pos + 1, pos);
+            let qf = random_vec(a.n_head * a.hd * (1 + a.gated as usize), rng);
+            let (k, v) = (
+                random_vec(a.n_kv * a.hd, rng),
+                random_vec(a.n_kv * a.hd, rng),
+            );
+            let (qn, kn) = (scaled(a.hd, 0.5, 1.5, rng), scaled(a.hd, 0.5, 1.5, rng));
+            let q: Vec<f32> = qf
+                .chunks_exact(a.hd * (1 + a.gated as usize))
+                .flat_map(|h| h[..a.hd].to_vec())
+                .collect();
+            let want_q = r::norm_rope(&q, Some(&qn), a.hd, a.n_rot, base as f32 as f64, pos, 1e-6);
+            let want_k = r::norm_rope(&k, Some(&kn), a.hd, a.n_rot, base as f32 as f64, pos, 1e-6);
+            let inv_use = &inv;
+            let (qfd, kd, vd) = (up(gpu, &qf)?, up(gpu, &k)?, up(gpu, &v)?);
+            let (qnd, knd, invd) = (up(gpu, &qn)?, up(gpu, &kn)?, up(gpu, inv_use)?);
+            let posd = up(gpu, &[slot as i32])?;
+            let qo = nan(gpu, a.n_head * a.hd)?;
+            let kc: CudaSlice<f32> = gpu.stream.alloc_zeros(ctx * a.n_kv * a.hd)?;
+            let vc: CudaSlice<f32> = gpu.stream.alloc_zeros(ctx * a.n_kv * a.hd)?;
+            ops::attn_prep(
+                gpu,
+                &a,
+                (&qfd, 0),
+                (&kd, 0),
+                (&vd, 0),
+                Some((&qnd, &knd)),
+                &invd,
+                &posd,
+                &qo,
+                &kc,
+                &vc,
+                1e-6,
+            )?;
+            fold(&mut w, compare(&down(gpu, &qo)?, &want_q));
+            let kcv = down(gpu, &kc)?;
+            let vcv = down(gpu, &vc)?;
+            let row = slot * a.n_kv * a.hd..(slot + 1) * a.n_kv * a.hd;
+            fold(&mut w, compare(&kcv[row.clone()], &want_k));
+            let vw: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+            fold(&mut w, compare(&vcv[row], &vw));
+        }
+    }
+    Ok(w)
+}
+
+fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec<Worst>> {
+    let mut rows = Vec::new();
+    let shapes = [
+        AttnDims {
+            n_head: 16,
+            n_kv: 2,
+            hd: 256,
+            n_rot: 64,
+            gated: true,
+        },
+        AttnDims {
+            n_head: 4,
+            n_kv: 2,
+            hd: 64,
+            n_rot: 16,
+            gated: true,
+        },
+        AttnDims {
+            n_head: 8,
+            n_kv: 8,
+            hd: 128,
+            n_rot: 128,
+            gated: false,
+        },
+        AttnDims {
+            n_head: 12,
+            n_kv: 2,
+            hd: 128,
+            n_rot: 32,
+            gated: false,
+        },
+    ];
+    for a in shapes {
+        let lens: &[usize] = if a.hd == 256 {
+            &[1, 7, 100, 1000, 4097, 32768]
+        } else {
+            &[1, 33, 1000, 5000]
+        };
+        let mut w = Worst::new(format!(
+            "attn_split_g{}_d{} + attn_merge ({}q/{}kv x {}, n up to {})",
+            a.heads_per_block(),
+            a.hd / 32,
+            a.n_head,
+            a.n_kv,
+            a.hd,
+            lens.last().unwrap()
+        ));
+        for &n in lens {
+            for nsplit in [ops::default_nsplit(&a, gpu.sms), 1, 37] {
+                let hd = a.hd;
+                let qf = random_vec(a.n_head * hd * 2, rng);
+                let q: Vec<f32> = random_vec(a.n_head * hd, rng)
+                    .iter()
+                    .map(|v| v * 3.0)
+                    .collect();
+                let k = random_vec(n * a.n_kv * hd, rng);
+                let v = random_vec(n * a.n_kv * hd, rng);
+                let gate: Vec<f32> = qf
+                    .chunks_exact(2 * hd)
+                    .flat_map(|h| h[hd..].to_vec())
+                    .collect();
+                let scale = 1.0 / (hd as f32).sqrt();
+                let want = r::attention(
+                    &q,
+                    &k,
+                    &v,
+                    n,
+                    a.n_head,
+                    a.n_kv,
+                    hd,
+                    scale,
+                    a.gated.then_some(&gate[..]),
+                );
+                let (qd, kd, vd, qfd) = (up(gpu, &q)?, up(gpu, &k)?, up(gpu, &v)?, up(gpu, &qf)?);
+                let posd = up(gpu, &[(n - 1) as i32])?;
+                let sc = AttnScratch::new(gpu, &a, nsplit)?;
+                let od = nan(gpu, a.n_head * hd)?;
+                let q8 = Q8Vec::new(gpu, a.n_head * hd)?;
+                ops::attention(
+                    gpu,
+                    &a,
+                    &qd,
+                    &kd,
+                    &vd,
+                    &posd,
+                    &sc,
+                    a.gated.then_some((&qfd, 0)),
+                    &od,
+                    Some(&q8),
+                    scale,
+                )?;
+                let o = down(gpu, &od)?;
+                fold(&mut w, compare(&o, &want));
+                check_q8(gpu, &o, &q8, q8w)?;
+                if n > 4097 {
+                    break; // one split count at the longest length (the f64 reference is slow)
+                }
+            }
+        }
+        rows.push(w);
+    }
+    Ok(rows)
+}
+
+fn deltanet(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
+    let mut w = Worst::new(
+        "gdn_step (conv+SiLU, L2 norms, gates, state, gated norm; out and state)".into(),
+    );
+    let shapes = [
+        GdnShape {
+            n_k: 16,
+            n_v: 32,
+            dk: 128,
+            dv: 128,
+            conv_kernel: 4,
+        },
+        GdnShape {
+            n_k: 2,
+            n_v: 4,
+            dk: 64,
+            dv: 64,
+            conv_kernel: 4,
+        },
+        GdnShape {
+            n_k: 4,
+            n_v: 4,
+            dk: 32,
+            dv: 128,
+            conv_kernel: 3,
+        },
+    ];
+    for s in shapes {
+        let d = GdnDims {
+            n_k: s.n_k,
+            n_v: s.n_v,
+            dk: s.dk,
+            dv: s.dv,
+            conv_kernel: s.conv_kernel,
+        };
+        let (cd, vd, k) = (d.conv_dim(), s.n_v * s.dv, s.conv_kernel);
+        let conv_w = scaled(cd * k, -0.5, 0.5, rng);
+        let dt_bias = random_vec(s.n_v, rng);
+        let ssm_a = scaled(s.n_v, -1.1, -0.1, rng);
+        let norm_w = scaled(s.dv, 0.5, 1.5, rng);
+        let st0 = scaled(d.state_len(), -0.5, 0.5, rng);
+        let win0 = random_vec((k - 1) * cd, rng);
+        let p0 = 5usize;
+        // The ring: position p in slot p % K; the window rows are positions
+        // p0-K+1 .. p0-1.
+        let mut ring = vec![0f32; k * cd];
+        for j in 0..k - 1 {
+            let p = p0 + j + 1 - k; // >= 0 as p0 >= K-1
+            ring[(p % k) * cd..][..cd].copy_from_slice(&win0[j * cd..][..cd]);
+        }
+        let cw = up(gpu, &conv_w)?;
+        let (dtb, sa, nw) = (up(gpu, &dt_bias)?, up(gpu, &ssm_a)?, up(gpu, &norm_w)?);
+        let (ringd, std) = (up(gpu, &ring)?, up(gpu, &st0)?);
+        let mut win: Vec<f64> = win0.iter().map(|&v| v as f64).collect();
+        let mut st: Vec<f64> = st0.iter().map(|&v| v as f64).collect();
+        for step in 0..6 {
+            let pos = p0 + step;
+            let qkv = random_vec(cd, rng);
+            let z = random_vec(vd, rng);
+            let ba = random_vec(2 * s.n_v, rng);
+            let x = GdnStepInputs {
+                qkv: &qkv,
+                z: &z,
+                ba: &ba,
+                conv_w: &conv_w,
+                dt_bias: &dt_bias,
+                ssm_a: &ssm_a,
+                norm_w: &norm_w,
+            };
+            let want = r::gdn_step(&s, &x, &mut win, &mut st, 1e-6, 1e-6);
+            let (qd, zd, bd) = (up(gpu, &qkv)?, up(gpu, &z)?, up(gpu, &ba)?);
+            let posd = up(gpu, &[pos as i32])?;
+            let od = nan(gpu, vd)?;
+            let q8 = (s.dv % 32 == 0).then(|| Q8Vec::new(gpu, vd)).transpose()?;
+            let wts = GdnWeights {
+                conv_w: &cw,
+                dt_bias: &dtb,
+                ssm_a: &sa,
+                norm_w: &nw,
+            };
+            ops::gdn_step(
+                gpu,
+                &d,
+                &wts,
+                (&qd, 0),
+                (&zd, 0),
+                (&bd, 0),
+                &ringd,
+                &std,
+                &od,
+                q8.as_ref(),
+                &posd,
+                1e-6,
+                1e-6,
+            )?;
+            let o = down(gpu, &od)?;
+            fold(&mut w, compare(&o, &want));
+            if let Some(q8) = &q8 {
+                check_q8(gpu, &o, q8, q8w)?;
+            }
+        }
+        fold(&mut w, compare(&down(gpu, &std)?, &st));
+    }
+    Ok(w)
+}
+
+fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
+    let mut w =
+        Worst::new("router_topk (softmax, top-k, renorm, slots; abs err of weights)".into());
+    for (n, k, norm) in [
+        (512, 10, true),
+        (16, 4, true),
+        (128, 8, false),
+        (1000, 32, true),
+        (64, 1, true),
+    ] {
+        for _ in 0..4 {
+            let logits: Vec<f32> = random_vec(n, rng).iter().map(|v| v * 4.0).collect();
+            let want = r::route(&logits, k, norm);
+            let slot_of: Vec<u32> = (0..n as u32).map(|e| (e * 7 + 3) % n as u32).collect();
+            let (ld, sod) = (up(gpu, &logits)?, up(gpu, &slot_of)?);
+            let (sd, ed) = (up(gpu, &vec![u32::MAX; k])?, up(gpu, &vec![u32::MAX; k])?);
+            let wd = nan(gpu, k)?;
+            ops::router_topk(gpu, &ld, n, k, norm, Some(&sod), &sd, &ed, &wd)?;
+            let wv = down(gpu, &wd)?;
+            let (sv, ev) = (gpu.stream.clone_dtoh(&sd)?, gpu.stream.clone_dtoh(&ed)?);
+            let ids_ok = want.iter().zip(&ev).all(|(c, &e)| c.0 == e)
+                && ev.iter().zip(&sv).all(|(&e, &s)| slot_of[e as usize] == s);
+            let ww: Vec<f64> = want.iter().map(|c| c.1).collect();
+            let (a, rel, written) = compare(&wv, &ww);
+            fold(&mut w, (a, rel, written && ids_ok));
+        }
+    }
+    Ok(w)
+}
+
+fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
+    let mut w = Worst::new("swiglu, moe_combine (+ fused next RMSNorm), add_inplace".into());
+    for n in [1usize, 100, 2048, 10 * 512] {
+        let (g, u) = (scaled(n, -6.0, 6.0, rng), random_vec(n, rng));
+        let (gd, ud, od) = (up(gpu, &g)?, up(gpu, &u)?, nan(gpu, n)?);
+        let q8 = (n % 32 == 0).then(|| Q8Vec::new(gpu, n)).transpose()?;
+        ops::swiglu(gpu, (&gd, 0), (&ud, 0), &od, q8.as_ref(), n)?;
+        let o = down(gpu, &od)?;
+        fold(&mut w, compare(&o, &r::swiglu(&g, &u)));
+        if let Some(q8) = &q8 {
+            check_q8(gpu, &o, q8, q8w)?;
+        }
+        let x = random_vec(n, rng);
+        let xd = up(gpu, &x)?;
+        ops::add_inplace(gpu, &xd, &ud, n)?;
+        let want: Vec<f64> = x
+            .iter()
+            .zip(&u)
+            .map(|(&a, &b)| a as f64 + b as f64)
+            .collect();
+        fold(&mut w, compare(&down(gpu, &xd)?, &want));
+    }
+    for (d, k) in [(2048, 10), (256, 4), (64, 1)] {
+        for shared in [false, true] {
+            let x = random_vec(d, rng);
+            let ys = random_vec(k * d, rng);
+            let wt = scaled(k, 0.0, 0.3, rng);
+            let sh = random_vec(d, rng);
+            let sl = [rng.uniform() * 3.0];
+            let want = r::moe_combine(
+                &x,
+                &ys,
+                &wt,
+                shared.then_some(&sh[..]),
+                shared.then_some(sl[0]),
+            );
+            let (xd, yd, wd, shd, sld) = (
+                up(gpu, &x)?,
+                up(gpu, &ys)?,
+                up(gpu, &wt)?,
+                up(gpu, &sh)?,
+                up(gpu, &sl)?,
+            );
+            ops::moe_combine(
+                gpu,
+                &xd,
+                &yd,
+                &wd,
+                k,
+                d,
+                shared.then_some(&shd),
+                shared.then_some((&sld, 0)),
+                None,
+            )?;
+            fold(&mut w, compare(&down(gpu, &xd)?, &want));
+            // The same with the next RMSNorm fused (and its int8 output).
+            let xd = up(gpu, &x)?;
+            let nw = scaled(d, 0.5, 1.5, rng);
+            let (nwd, hd) = (up(gpu, &nw)?, nan(gpu, d)?);
+            let q8 = Q8Vec::new(gpu, d)?;
+            let norm = ops::NextNorm {
+                w: &nwd,
+                eps: 1e-6,
+                h: &hd,
+                q8: Some(&q8),
+            };
+            ops::moe_combine(
+                gpu,
+                &xd,
+                &yd,
+                &wd,
+                k,
+                d,
+                shared.then_some(&shd),
+                shared.then_some((&sld, 0)),
+                Some(norm),
+            )?;
+            let xn: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+            let (_, want_h) = r::rms_norm(&xn, None, &nw, d, 1e-6, false);
+            fold(&mut w, compare(&down(gpu, &xd)?, &want));
+            let h = down(gpu, &hd)?;
+            fold(&mut w, compare(&h, &want_h));
+            check_q8(gpu, &h, &q8, q8w)?;
+        }
+    }
+    Ok(w)
+}
