@@ -10,6 +10,8 @@
 #   CAPS="8 0"      caps in GiB, 0 = uncapped (the machine's RAM)
 #   N_GEN=4         decode tokens timed under a cap
 #   N_GEN_FREE=16   decode tokens timed uncapped
+#   REPS=1          timed runs per engine (after the warm-up token; Red Lite's
+#                   expert cache stays warm from one run to the next)
 #   THREADS=nproc   threads for both engines
 #   TIMEOUT=600     seconds per run; a run past it is stopped and recorded
 #                   as partial (redlite prints every slow decode step)
@@ -39,6 +41,7 @@ REDLITE=${REDLITE:-target/release/redlite}
 CAPS=${CAPS:-8 0}
 N_GEN=${N_GEN:-4}
 N_GEN_FREE=${N_GEN_FREE:-16}
+REPS=${REPS:-1}
 THREADS=${THREADS:-$(nproc)}
 TIMEOUT=${TIMEOUT:-600}
 ENGINES=${ENGINES:-redlite llama}
@@ -187,11 +190,11 @@ for cap in $CAPS; do
     tag="$eng-cap$cap"
     if [[ $cap == 0 ]]; then cache fill; else cache drop; fi
     if [[ $eng == redlite* ]]; then
-      cmd=("$REDLITE" bench model -m "$MODEL" -p 0 -n "$n" -d 0 -r 1 -t "$THREADS" -o json)
+      cmd=("$REDLITE" bench model -m "$MODEL" -p 0 -n "$n" -d 0 -r "$REPS" -t "$THREADS" -o json)
       [[ $eng == redlite-random ]] && cmd+=(--mmap-advice random)
       cmd+=("${REDLITE_ARGS_A[@]}")
     else
-      cmd=("$BIN/llama-bench" -m "$MODEL" -p 0 -n "$n" -r 1 -t "$THREADS" -o json "${LLAMA_ARGS_A[@]}")
+      cmd=("$BIN/llama-bench" -m "$MODEL" -p 0 -n "$n" -r "$REPS" -t "$THREADS" -o json "${LLAMA_ARGS_A[@]}")
     fi
     echo "== $label, $eng: ${cmd[*]}" >&2
     m=$(python3 -c "$RUNNER" "redlite-cap-$tag" "$limit" "$TIMEOUT" "${cmd[@]}" \

@@ -125,7 +125,12 @@ fn warm_pages(model: &Model) {
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     let path = &args.model;
-    let file = Arc::new(memory::open_model(path, args.mmap, args.no_mmap)?);
+    let file = Arc::new(memory::open_model(
+        path,
+        args.mmap,
+        args.no_mmap,
+        &args.mem,
+    )?);
     let mut model = Model::load(
         file.clone(),
         LoadOptions {

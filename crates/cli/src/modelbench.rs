@@ -392,6 +392,7 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
         path,
         args.mmap || args.mmap_advice.is_some(),
         args.no_mmap,
+        &args.mem,
     )?);
     eprintln!(
         "redlite bench: weights {}",

@@ -2,12 +2,9 @@
 //! line at start-up, and the bounded expert cache it may install.
 
 use crate::memory;
-use anyhow::{Context, Result};
-use redlite_model::expertcache::plan::DEFAULT_RESERVE;
-use redlite_model::expertcache::{
-    parse_size, plan, CacheStats, ExpertResidency, Plan, PlanInput, PolicyKind,
-};
-use redlite_model::{ExpertCacheOptions, Model};
+use anyhow::Result;
+use redlite_model::expertcache::{parse_size, CacheStats, ExpertCache, Plan, PolicyKind};
+use redlite_model::{ExpertCacheOptions, MemoryRequest, Model};
 
 fn size(s: &str) -> Result<u64, String> {
     parse_size(s)
@@ -30,57 +27,64 @@ pub struct MemoryArgs {
     #[arg(long, default_value = "lru")]
     pub cache_policy: PolicyKind,
     /// Threads that read expert misses and prefetches in parallel.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     pub io_threads: usize,
     /// Pre-gating: experts of the next MoE layer prefetched per decode
-    /// step from the current hidden state (0: off).
-    #[arg(long, default_value_t = 10)]
-    pub pregate: usize,
+    /// step from the current hidden state (default: as many as a token
+    /// uses; 0: off).
+    #[arg(long)]
+    pub pregate: Option<usize>,
 }
 
 /// Plan the run's memory for `ctx` positions; print the plan line; install
 /// the expert cache when the plan has one. Fails, with the numbers, before
 /// any weight is read when the configuration cannot fit.
 pub fn apply(model: &mut Model, args: &MemoryArgs, ctx: usize) -> Result<Plan> {
-    let layout = model.expert_layout()?;
-    let (dense, experts) = model.weight_split()?;
-    let (kv_per_position, recurrent) = model.state_bytes();
-    let p = plan(PlanInput {
-        dense_bytes: dense,
-        expert_bytes: experts,
-        n_experts: layout.n_experts(),
-        slot_bytes: layout.slot_bytes(),
-        n_used: model.n_expert_used() as u64,
-        state_bytes: kv_per_position * ctx as u64 + recurrent,
-        ctx: ctx as u64,
-        available: memory::available_bytes(),
-        memory: args.memory,
-        expert_cache: args.expert_cache,
-        reserve: DEFAULT_RESERVE,
-    })
-    .context("memory plan")?;
+    if model.file().is_in_memory() {
+        // The whole file is already in anonymous memory: a cache of its
+        // experts would only add to it.
+        let size = model.file().file_size();
+        if args.expert_cache.is_some() || args.memory.is_some_and(|m| m < size) {
+            anyhow::bail!(
+                "--no-mmap read the whole file ({}) into memory, which a bounded expert cache or a smaller --memory cannot undo: drop --no-mmap",
+                memory::human(size)
+            );
+        }
+    }
+    let p = model.plan_memory(&args.request(ctx, 1))?;
     eprintln!("redlite: {p}");
-    if let ExpertResidency::Cached { slots } = p.experts {
-        model
-            .set_expert_cache(ExpertCacheOptions {
-                slots: slots as usize,
-                policy: args.cache_policy,
-                io_threads: args.io_threads,
-                pregate: args.pregate,
-            })
-            .context("setting up the expert cache")?;
-        eprintln!(
-            "redlite: expert cache {} policy, {} I/O threads, pre-gating {}",
-            args.cache_policy.name(),
-            args.io_threads,
-            if args.pregate == 0 {
-                "off".to_string()
-            } else {
-                format!("{} experts", args.pregate)
-            }
-        );
+    if let Some(c) = model.expert_cache() {
+        eprintln!("redlite: {}, pre-gating {}", cache_line(c), model.pregate());
     }
     Ok(p)
+}
+
+impl MemoryArgs {
+    /// The model's memory request for `sessions` states of `ctx` positions.
+    pub fn request(&self, ctx: usize, sessions: usize) -> MemoryRequest {
+        MemoryRequest {
+            memory: self.memory,
+            expert_cache: self.expert_cache,
+            available: memory::available_bytes(),
+            ctx,
+            sessions,
+            cache: ExpertCacheOptions {
+                slots: 0,
+                policy: self.cache_policy,
+                io_threads: self.io_threads,
+                pregate: self.pregate.unwrap_or(usize::MAX),
+            },
+        }
+    }
+}
+
+/// How the cache runs, in words.
+pub fn cache_line(c: &ExpertCache) -> String {
+    format!(
+        "expert cache {} policy, {} I/O threads",
+        c.policy().name(),
+        c.io_threads()
+    )
 }
 
 /// One line of cache counters, per token where `tokens` > 0.

@@ -43,7 +43,7 @@ fn bounded_cache_same_ids_and_plan_line() {
     assert!(mapped.status.success());
     let err = String::from_utf8_lossy(&mapped.stderr);
     assert!(
-        err.contains("memory plan:") && err.contains("(mapped from the file)"),
+        err.contains("memory plan:") && err.contains("resident with the other weights, no cache"),
         "{err}"
     );
     // 17.5 KiB experts: 6 slots

@@ -153,7 +153,7 @@ impl FileLoader {
 fn fadvise(file: &File, offset: u64, len: u64, advice: libc::c_int) {
     use std::os::fd::AsRawFd;
     // SAFETY: posix_fadvise reads no memory of ours; the descriptor is open
-    // for the lifetime of `file`. Exercised by `file_loader_reads_parts`.
+    // for the lifetime of `file`. Exercised by `file_loader_reads_parts_and_names_the_tensor_on_error`.
     let rc = unsafe {
         libc::posix_fadvise(
             file.as_raw_fd(),

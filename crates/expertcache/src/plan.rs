@@ -84,6 +84,20 @@ pub enum PlanError {
         hint: String,
     },
     #[error(
+        "does not fit: weights {dense} + state {state} ({ctx} positions) + reserve {reserve} = {need}, but the budget is {budget}{hint}",
+        dense = human(*dense), state = human(*state), reserve = human(*reserve),
+        need = human(*need), budget = human(*budget)
+    )]
+    DenseTooLarge {
+        dense: u64,
+        state: u64,
+        ctx: u64,
+        reserve: u64,
+        need: u64,
+        budget: u64,
+        hint: String,
+    },
+    #[error(
         "--expert-cache {asked} holds {slots} slots of {slot}, fewer than the {n_used} experts a token uses per layer: give at least {min}",
         asked = human(*asked), slot = human(*slot), min = human(*n_used * *slot)
     )]
@@ -115,6 +129,32 @@ pub fn plan(input: PlanInput) -> Result<Plan, PlanError> {
         (m, a) => m.or(a),
     };
     let fixed = input.dense_bytes + input.state_bytes + input.reserve;
+    let hint = |b: u64| {
+        if input.memory.is_some_and(|m| m > b) {
+            format!(" (--memory asks for more than the {} available)", human(b))
+        } else {
+            String::new()
+        }
+    };
+    if input.n_experts == 0 {
+        // No routed experts: everything is dense and must fit.
+        return match budget {
+            Some(b) if fixed > b => Err(PlanError::DenseTooLarge {
+                dense: input.dense_bytes,
+                state: input.state_bytes,
+                ctx: input.ctx,
+                reserve: input.reserve,
+                need: fixed,
+                budget: b,
+                hint: hint(b),
+            }),
+            _ => Ok(Plan {
+                input,
+                budget,
+                experts: ExpertResidency::Mapped,
+            }),
+        };
+    }
     let slot = input.slot_bytes.max(1);
     let n_used = input.n_used.max(1).min(input.n_experts.max(1));
     let experts = if let Some(asked) = input.expert_cache {
@@ -149,11 +189,7 @@ pub fn plan(input: PlanInput) -> Result<Plan, PlanError> {
                 let slots = (b.saturating_sub(fixed) / slot).min(input.n_experts);
                 if slots < n_used {
                     let min_cache = n_used * slot;
-                    let hint = if input.memory.is_some_and(|m| m > b) {
-                        format!(" (--memory asks for more than the {} available)", human(b))
-                    } else {
-                        String::new()
-                    };
+                    let hint = hint(b);
                     return Err(PlanError::TooSmall {
                         dense: input.dense_bytes,
                         state: input.state_bytes,
@@ -208,9 +244,10 @@ impl fmt::Display for Plan {
             human(i.reserve)
         )?;
         match self.experts {
+            ExpertResidency::Mapped if i.n_experts == 0 => write!(f, "no routed experts"),
             ExpertResidency::Mapped => write!(
                 f,
-                "experts {} resident (mapped from the file)",
+                "experts {} resident with the other weights, no cache",
                 human(i.expert_bytes)
             ),
             ExpertResidency::Cached { slots } => write!(
@@ -403,6 +440,32 @@ mod tests {
         .unwrap_err();
         assert!(matches!(e, PlanError::CacheOverBudget { .. }), "{e:?}");
         assert!(e.to_string().contains("budget is 8.00 GiB"));
+    }
+
+    #[test]
+    fn dense_models_fit_or_are_refused() {
+        let dense = PlanInput {
+            dense_bytes: 4 * GIB,
+            expert_bytes: 0,
+            n_experts: 0,
+            slot_bytes: 0,
+            n_used: 0,
+            ..iq2()
+        };
+        let p = plan(dense.clone()).unwrap();
+        assert_eq!(p.experts, ExpertResidency::Mapped);
+        assert!(p.to_string().ends_with("no routed experts"), "{p}");
+        let e = plan(PlanInput {
+            memory: Some(4 * GIB),
+            ..dense
+        })
+        .unwrap_err();
+        assert!(matches!(e, PlanError::DenseTooLarge { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("weights 4.00 GiB") && msg.contains("budget is 4.00 GiB"),
+            "{msg}"
+        );
     }
 
     #[test]

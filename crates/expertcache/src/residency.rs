@@ -1,4 +1,5 @@
-//! Advice to the kernel about a memory-mapped file: read the dense weights
+//! What memory this process may use (MemAvailable, cgroup limits), and
+//! advice to the kernel about a memory-mapped file: read the dense weights
 //! now and keep them, do not read around expert pages.
 
 use std::ops::Range;
@@ -44,6 +45,51 @@ pub fn advise(bytes: &[u8], range: Range<usize>, advice: Advice) -> std::io::Res
     #[cfg(not(target_os = "linux"))]
     let _ = (bytes, advice);
     Ok(())
+}
+
+/// Bytes of memory this process may use: the smaller of MemAvailable and any
+/// cgroup (v1 or v2) limit on it.
+pub fn available_bytes() -> Option<u64> {
+    let mem_available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    });
+    let cgroup = cgroup_limit_bytes();
+    match (mem_available, cgroup) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
+}
+
+/// The memory limit of this process's cgroup, if one is set.
+pub fn cgroup_limit_bytes() -> Option<u64> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in groups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let candidates: Vec<String> = if controllers.is_empty() {
+            vec![format!("/sys/fs/cgroup{path}/memory.max")]
+        } else if controllers.split(',').any(|c| c == "memory") {
+            vec![format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")]
+        } else {
+            continue;
+        };
+        for c in candidates {
+            if let Ok(v) = std::fs::read_to_string(&c) {
+                let v = v.trim();
+                if let Ok(n) = v.parse::<u64>() {
+                    // cgroup v1 reports "no limit" as a huge page-rounded number.
+                    if n < (1u64 << 60) {
+                        return Some(n);
+                    }
+                }
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]

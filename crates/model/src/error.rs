@@ -41,6 +41,8 @@ pub enum ModelError {
     NoTokens,
     #[error(transparent)]
     Experts(#[from] redlite_expertcache::CacheError),
+    #[error("memory plan: {0}")]
+    Plan(#[from] redlite_expertcache::PlanError),
     #[error("an expert cache reads the model file, but this model was not opened from a file")]
     NoFilePath,
     #[error("{backend} backend: {what}")]

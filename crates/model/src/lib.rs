@@ -23,6 +23,6 @@ pub mod trace;
 pub mod weights;
 
 pub use error::ModelError;
-pub use model::{ExpertCacheOptions, LoadOptions, Model};
+pub use model::{ExpertCacheOptions, LoadOptions, MemoryRequest, Model};
 pub use redlite_expertcache as expertcache;
 pub use session::{LayerState, Logits, Session};

@@ -6,6 +6,7 @@ use crate::exec::Exec;
 use crate::session::Session;
 use crate::ModelError;
 use redlite_cpu::Pool;
+use redlite_expertcache::plan::{plan, ExpertResidency, Plan, PlanInput, DEFAULT_RESERVE};
 use redlite_expertcache::residency::{advise, Advice};
 use redlite_expertcache::{CacheConfig, ExpertCache, ExpertLayout, FileLoader, PolicyKind};
 use redlite_gguf::GgufFile;
@@ -57,10 +58,31 @@ impl Default for ExpertCacheOptions {
         ExpertCacheOptions {
             slots: 0,
             policy: PolicyKind::Lru,
-            io_threads: 4,
+            io_threads: 8,
             pregate: 0,
         }
     }
+}
+
+/// What a run asks of memory: the budgets, the context, and how to run a
+/// cache if the plan makes one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryRequest {
+    /// `--memory`: the whole run's budget (default: what is available).
+    pub memory: Option<u64>,
+    /// `--expert-cache`: the cache's size (default: what the budget leaves
+    /// when the model does not fit).
+    pub expert_cache: Option<u64>,
+    /// Memory available to this process (MemAvailable / cgroup limit).
+    pub available: Option<u64>,
+    /// Context positions of one session.
+    pub ctx: usize,
+    /// Sessions' worth of state held at once (the server's prompt-cache
+    /// checkpoints add to one); at least 1.
+    pub sessions: usize,
+    /// Cache settings (`slots` is ignored: the plan sets it); `pregate`
+    /// `usize::MAX` means "the model's experts per token".
+    pub cache: ExpertCacheOptions,
 }
 
 /// A model ready to run.
@@ -137,9 +159,45 @@ impl Model {
         Ok(())
     }
 
+    /// Plan what is resident for `req` and install the expert cache when
+    /// the plan has one. Reads no weights: a refusal comes before loading.
+    pub fn plan_memory(&mut self, req: &MemoryRequest) -> Result<Plan, ModelError> {
+        let layout = self.expert_layout()?;
+        let (dense, experts) = self.weight_split()?;
+        let (kv_per_position, recurrent) = self.state_bytes();
+        let one = kv_per_position * req.ctx as u64 + recurrent;
+        let p = plan(PlanInput {
+            dense_bytes: dense,
+            expert_bytes: experts,
+            n_experts: layout.n_experts(),
+            slot_bytes: layout.slot_bytes(),
+            n_used: self.n_expert_used() as u64,
+            state_bytes: one * req.sessions.max(1) as u64,
+            ctx: req.ctx as u64,
+            available: req.available,
+            memory: req.memory,
+            expert_cache: req.expert_cache,
+            reserve: DEFAULT_RESERVE,
+        })?;
+        if let ExpertResidency::Cached { slots } = p.experts {
+            let mut opts = req.cache;
+            opts.slots = slots as usize;
+            if opts.pregate == usize::MAX {
+                opts.pregate = self.n_expert_used();
+            }
+            self.set_expert_cache(opts)?;
+        }
+        Ok(p)
+    }
+
     /// The bounded expert cache, when there is one.
     pub fn expert_cache(&self) -> Option<&ExpertCache> {
         self.experts.as_ref()
+    }
+
+    /// Experts prefetched per next MoE layer (0: off).
+    pub fn pregate(&self) -> usize {
+        self.pregate
     }
 
     /// Change pre-gating (experts prefetched per next MoE layer; 0: off).

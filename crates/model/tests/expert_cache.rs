@@ -136,3 +136,54 @@ fn dense_model_has_no_experts_and_cache_needs_a_file() {
         .unwrap_err();
     assert!(e.to_string().contains("not opened from a file"), "{e}");
 }
+
+#[test]
+fn plan_memory_installs_a_cache_or_refuses() {
+    use redlite_model::expertcache::plan::DEFAULT_RESERVE;
+    use redlite_model::expertcache::{ExpertResidency, PlanError};
+    use redlite_model::{MemoryRequest, ModelError};
+    let Some(path) = fixture() else { return };
+    let mut m = load(&path, 512);
+    let (dense, experts) = m.weight_split().unwrap();
+    let slot = m.expert_layout().unwrap().slot_bytes();
+    let (kv, rec) = m.state_bytes();
+    let state = |sessions: u64| (kv * 64 + rec) * sessions;
+    // room for dense + 3 sessions' state + reserve + exactly 10 slots
+    let budget = dense + state(3) + DEFAULT_RESERVE + 10 * slot;
+    let req = MemoryRequest {
+        memory: Some(budget),
+        ctx: 64,
+        sessions: 3,
+        cache: ExpertCacheOptions {
+            pregate: usize::MAX,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let p = m.plan_memory(&req).unwrap();
+    assert_eq!(p.experts, ExpertResidency::Cached { slots: 10 });
+    assert_eq!(m.expert_cache().unwrap().slots(), 10);
+    assert_eq!(m.pregate(), 4, "default pre-gating: experts per token");
+    // one more session's state no longer leaves the 4-slot minimum
+    let mut m = load(&path, 512);
+    let e = m
+        .plan_memory(&MemoryRequest {
+            memory: Some(dense + state(3) + DEFAULT_RESERVE + 3 * slot),
+            ..req
+        })
+        .unwrap_err();
+    assert!(
+        matches!(e, ModelError::Plan(PlanError::TooSmall { .. })),
+        "{e}"
+    );
+    assert!(m.expert_cache().is_none());
+    // enough for everything: mapped, no cache
+    let p = m
+        .plan_memory(&MemoryRequest {
+            memory: Some(dense + experts + state(3) + DEFAULT_RESERVE),
+            ..req
+        })
+        .unwrap();
+    assert_eq!(p.experts, ExpertResidency::Mapped);
+    assert!(m.expert_cache().is_none());
+}

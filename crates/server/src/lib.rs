@@ -28,7 +28,7 @@ pub use error::{ApiError, ServerError};
 pub use routes::{router, AppState};
 
 use redlite_gguf::GgufFile;
-use redlite_model::{LoadOptions, Model};
+use redlite_model::{ExpertCacheOptions, LoadOptions, MemoryRequest, Model};
 use redlite_tokenizer::{ChatTemplate, Tokenizer};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -79,6 +79,14 @@ pub struct ServeArgs {
     /// Skip touching every weight page before serving.
     #[arg(long)]
     pub no_warmup: bool,
+    /// Memory budget (e.g. 8G): dense weights, sessions, expert cache
+    /// (default: what is available). A model that does not fit keeps its
+    /// routed experts in a bounded cache read from the file.
+    #[arg(long, value_parser = redlite_model::expertcache::parse_size)]
+    pub memory: Option<u64>,
+    /// Size of the bounded expert cache (default: what the budget leaves).
+    #[arg(long, value_parser = redlite_model::expertcache::parse_size)]
+    pub expert_cache: Option<u64>,
 }
 
 impl ServeArgs {
@@ -99,6 +107,8 @@ impl ServeArgs {
             max_body_bytes: 4 << 20,
             alias: None,
             no_warmup: false,
+            memory: None,
+            expert_cache: None,
         }
     }
 }
@@ -120,7 +130,7 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             None
         }
     };
-    let model = Model::load(
+    let mut model = Model::load(
         file.clone(),
         LoadOptions {
             threads: args.threads,
@@ -133,6 +143,25 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     } else {
         args.ctx_size
     };
+    // The live session plus the prompt-cache checkpoints.
+    let sessions = 1 + if args.no_prompt_cache {
+        0
+    } else {
+        args.cache_checkpoints
+    };
+    let plan = model.plan_memory(&MemoryRequest {
+        memory: args.memory,
+        expert_cache: args.expert_cache,
+        available: redlite_model::expertcache::residency::available_bytes(),
+        ctx,
+        sessions,
+        cache: ExpertCacheOptions {
+            pregate: usize::MAX,
+            ..Default::default()
+        },
+    })?;
+    tracing::info!("{plan}");
+    let model = model;
     if !args.no_warmup {
         model.touch_weights(|_, _| {});
     }

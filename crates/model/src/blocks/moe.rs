@@ -154,11 +154,8 @@ impl MoeWeights {
     /// Where each expert's parts lie in the file: (gate, up, down) or
     /// (gate_up, down), one stride of bytes per expert each.
     pub fn expert_layout(&self) -> Result<LayerExperts, ModelError> {
-        let parts: Vec<&Weight> = match &self.gate_up {
-            ExpertsGateUp::Separate { gate, up } => vec![gate, up, &self.down],
-            ExpertsGateUp::Merged(gu) => vec![gu, &self.down],
-        };
-        let parts = parts
+        let parts = self
+            .parts()
             .into_iter()
             .map(|w| {
                 let r = w.file_range();
@@ -180,6 +177,14 @@ impl MoeWeights {
             n_expert: self.n_expert,
             parts,
         })
+    }
+
+    /// The stacked tensors an expert is made of, in slot order.
+    fn parts(&self) -> Vec<&Weight> {
+        match &self.gate_up {
+            ExpertsGateUp::Separate { gate, up } => vec![gate, up, &self.down],
+            ExpertsGateUp::Merged(gu) => vec![gu, &self.down],
+        }
     }
 
     /// One expert's SwiGLU over its `m` tokens `xs`, from its parts' bytes.
@@ -221,15 +226,14 @@ impl MoeWeights {
 
     /// Expert `e`'s part bytes in the mapped file.
     fn mapped_parts<'f>(&self, ex: &Exec<'f>, e: usize) -> Vec<&'f [u8]> {
-        let slice = |w: &Weight| {
-            let b = w.bytes(ex.file);
-            let s = b.len() / self.n_expert;
-            &b[e * s..(e + 1) * s]
-        };
-        match &self.gate_up {
-            ExpertsGateUp::Separate { gate, up } => vec![slice(gate), slice(up), slice(&self.down)],
-            ExpertsGateUp::Merged(gu) => vec![slice(gu), slice(&self.down)],
-        }
+        self.parts()
+            .into_iter()
+            .map(|w| {
+                let b = w.bytes(ex.file);
+                let s = b.len() / self.n_expert;
+                &b[e * s..(e + 1) * s]
+            })
+            .collect()
     }
 
     /// The routed experts and the shared expert over `n` tokens, given the
@@ -266,7 +270,17 @@ impl MoeWeights {
                 }
             }
             Some(cache) => {
-                let ranges = self.expert_layout()?.slot_ranges();
+                // parts lie one after the other in a slot
+                let mut at = 0;
+                let ranges: Vec<(usize, usize)> = self
+                    .parts()
+                    .iter()
+                    .map(|w| {
+                        let len = w.file_range().len() / self.n_expert;
+                        at += len;
+                        (at - len, len)
+                    })
+                    .collect();
                 let run = |slot: &[u8], e: usize| {
                     let parts: Vec<&[u8]> = ranges.iter().map(|&(a, l)| &slot[a..a + l]).collect();
                     self.expert_ffn(ex, &parts, &inputs(e), groups[e].len(), d)
