@@ -50,6 +50,9 @@ pub fn kernel_name(ty: GgmlType, v: impl Into<Variant>) -> Result<String> {
         GgmlType::Q6_K => "q6_k",
         GgmlType::IQ2_XXS => "iq2_xxs",
         GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q5_K => "q5_k",
+        GgmlType::IQ4_NL => "iq4_nl",
         other => bail!("no CUDA GEMV kernel for {other:?}"),
     };
     ensure!(matches!(nr, 1 | 2 | 4), "rows per warp must be 1, 2 or 4");

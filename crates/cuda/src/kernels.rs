@@ -68,6 +68,21 @@ pub const FILES: &[KernelFile] = &[
         kernels: gemv_f32_names!("gemv_q8_0"),
     },
     KernelFile {
+        name: "gemv_q5_0.cu",
+        source: kernel_dir!("gemv_q5_0.cu"),
+        kernels: gemv_f32_names!("gemv_q5_0"),
+    },
+    KernelFile {
+        name: "gemv_q5k.cu",
+        source: kernel_dir!("gemv_q5k.cu"),
+        kernels: gemv_f32_names!("gemv_q5_k"),
+    },
+    KernelFile {
+        name: "gemv_iq4_nl.cu",
+        source: kernel_dir!("gemv_iq4_nl.cu"),
+        kernels: gemv_f32_names!("gemv_iq4_nl"),
+    },
+    KernelFile {
         name: "gemv_f32.cu",
         source: kernel_dir!("gemv_f32.cu"),
         kernels: gemv_f32_names!("gemv_f32"),
