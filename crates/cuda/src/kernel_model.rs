@@ -1,5 +1,5 @@
-//! Host models of the bit manipulation in the Q5_0, Q5_K and IQ4_NL GEMV
-//! kernels (`kernels/gemv_{q5_0,q5k,iq4_nl}.cu`), word for word, checked
+//! Host models of the bit manipulation in the Q5_0, Q5_K, IQ4_NL and IQ2_XS
+//! GEMV kernels (`kernels/gemv_{q5_0,q5k,iq4_nl,iq2_xs}.cu`), word for word, checked
 //! against `redlite_quant`'s dequantization: the integer logic is tested
 //! here without a GPU; `redlite selftest` tests the kernels themselves.
 
@@ -8,7 +8,7 @@ mod tests {
     use crate::layout::layout;
     use crate::testdata::{random_weights, Rng};
     use redlite_gguf::GgmlType;
-    use redlite_quant::iquants::tables::KVALUES_IQ4NL;
+    use redlite_quant::iquants::tables::{IQ2XS_GRID, KVALUES_IQ4NL};
 
     fn byte_perm(x: u32, y: u32, s: u32) -> u32 {
         let b = (x as u64) | ((y as u64) << 32);
@@ -125,6 +125,36 @@ mod tests {
                     let vh = ((hi >> (8 * k)) & 0xff) as u8 as i8 as f32;
                     assert_eq!(d * vl, want[4 * w + k]);
                     assert_eq!(d * vh, want[16 + 4 * w + k]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn iq2_xs_unpacking_matches_the_cpu() {
+        let l = layout(GgmlType::IQ2_XS).unwrap();
+        let g = random_weights(&l, 1, 256 * 16, &mut Rng(6));
+        for blk in g.chunks_exact(74) {
+            let want = dequant(GgmlType::IQ2_XS, blk);
+            let d = f16(blk, 0) * 0.25;
+            for sub in 0..8 {
+                let sc = blk[2 + 64 + sub] as u32;
+                for l in 0..4 {
+                    let q = word(blk, 2 + 8 * sub + 4 * (l / 2)) >> (16 * (l % 2)) & 0xffff;
+                    let grid = IQ2XS_GRID[(q & 511) as usize];
+                    let code = q >> 9;
+                    let signs = code | ((code.count_ones() & 1) << 7);
+                    let s = if l < 2 { sc & 15 } else { sc >> 4 };
+                    for k in 0..8 {
+                        let mag = ((grid >> (8 * k)) & 0xff) as f32;
+                        let v = if signs >> k & 1 == 1 { -mag } else { mag };
+                        let got = d * (0.5 + s as f32) * v;
+                        let i = 32 * sub + 8 * l + k;
+                        assert!(
+                            (got - want[i]).abs() <= 1e-6 * want[i].abs().max(1e-3),
+                            "{i}"
+                        );
+                    }
                 }
             }
         }

@@ -83,6 +83,11 @@ pub const FILES: &[KernelFile] = &[
         kernels: gemv_f32_names!("gemv_iq4_nl"),
     },
     KernelFile {
+        name: "gemv_iq2_xs.cu",
+        source: kernel_dir!("gemv_iq2_xs.cu"),
+        kernels: gemv_f32_names!("gemv_iq2_xs"),
+    },
+    KernelFile {
         name: "gemv_f32.cu",
         source: kernel_dir!("gemv_f32.cu"),
         kernels: gemv_f32_names!("gemv_f32"),

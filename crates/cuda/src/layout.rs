@@ -14,7 +14,8 @@
 //! aligned. Q4_K (144 bytes) and Q5_K (176), `d` and `dmin` in their
 //! 16-byte header, stay whole. Q5_0 moves its `d` and its 4 bytes of fifth
 //! bits out (a 6-byte side entry per block), leaving the 16 bytes of
-//! nibbles as the payload. `kernels/gemv_common.cuh` reads exactly this.
+//! nibbles as the payload. IQ2_XS's payload is 72 bytes (8-byte aligned,
+//! its kernel reads 8 bytes at a time). `kernels/gemv_common.cuh` reads exactly this.
 
 use crate::error::{bail, CudaError, Result};
 use redlite_gguf::GgmlType;
@@ -42,7 +43,7 @@ pub struct DeviceLayout {
 /// The formats with device GEMV kernels. F32 matrices are seen as blocks
 /// of 32 floats (no scale); every other format is dequantized to F32 on
 /// upload ([`upload_layout`]).
-pub const GEMV_TYPES: [GgmlType; 8] = [
+pub const GEMV_TYPES: [GgmlType; 9] = [
     GgmlType::F32,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
@@ -51,6 +52,7 @@ pub const GEMV_TYPES: [GgmlType; 8] = [
     GgmlType::Q5_0,
     GgmlType::Q5_K,
     GgmlType::IQ4_NL,
+    GgmlType::IQ2_XS,
 ];
 
 /// The layout of `ty`, or an error for formats without device kernels.
@@ -73,6 +75,7 @@ pub fn layout(ty: GgmlType) -> Result<DeviceLayout> {
         GgmlType::Q8_0 => (32, 34, 32, Some(0)),
         GgmlType::Q5_0 => (32, 22, 16, Some(0)),
         GgmlType::IQ4_NL => (32, 18, 16, Some(0)),
+        GgmlType::IQ2_XS => (256, 74, 72, Some(0)),
         other => bail!("no CUDA GEMV kernel for {other:?} yet"),
     };
     debug_assert_eq!(ty.block_size(), qk);
@@ -199,7 +202,13 @@ mod tests {
             }
             assert_eq!(l.qk, ty.block_size(), "{ty:?}");
             assert_eq!(l.block_bytes, ty.type_size(), "{ty:?}");
-            assert_eq!(l.payload % 16, 0, "{ty:?} payload not 16-byte aligned");
+            // IQ2_XS: 72 bytes, read with 8-byte loads.
+            let align = if ty == GgmlType::IQ2_XS { 8 } else { 16 };
+            assert_eq!(
+                l.payload % align,
+                0,
+                "{ty:?} payload not {align}-byte aligned"
+            );
             assert_eq!(l.payload + l.moved, l.block_bytes);
             assert_eq!(l.moved == 0, l.d_at.is_none(), "{ty:?}");
         }

@@ -30,7 +30,11 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
-        GgmlType::IQ2_XXS | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => &[0],
+        GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::Q8_0
+        | GgmlType::Q5_0
+        | GgmlType::IQ4_NL => &[0],
         _ => &[],
     }
 }
