@@ -54,6 +54,7 @@ pub fn kernel_name(ty: GgmlType, v: impl Into<Variant>) -> Result<String> {
         GgmlType::Q5_K => "q5_k",
         GgmlType::IQ4_NL => "iq4_nl",
         GgmlType::IQ2_XS => "iq2_xs",
+        GgmlType::IQ1_M => "iq1_m",
         other => bail!("no CUDA GEMV kernel for {other:?}"),
     };
     ensure!(matches!(nr, 1 | 2 | 4), "rows per warp must be 1, 2 or 4");

@@ -1,5 +1,5 @@
-//! Host models of the bit manipulation in the Q5_0, Q5_K, IQ4_NL and IQ2_XS
-//! GEMV kernels (`kernels/gemv_{q5_0,q5k,iq4_nl,iq2_xs}.cu`), word for word, checked
+//! Host models of the bit manipulation in the Q5_0, Q5_K, IQ4_NL, IQ2_XS
+//! and IQ1_M GEMV kernels (`kernels/gemv_{q5_0,q5k,iq4_nl,iq2_xs,iq1_m}.cu`), word for word, checked
 //! against `redlite_quant`'s dequantization: the integer logic is tested
 //! here without a GPU; `redlite selftest` tests the kernels themselves.
 
@@ -8,7 +8,7 @@ mod tests {
     use crate::layout::layout;
     use crate::testdata::{random_weights, Rng};
     use redlite_gguf::GgmlType;
-    use redlite_quant::iquants::tables::{IQ2XS_GRID, KVALUES_IQ4NL};
+    use redlite_quant::iquants::tables::{IQ1S_GRID, IQ2XS_GRID, KVALUES_IQ4NL};
 
     fn byte_perm(x: u32, y: u32, s: u32) -> u32 {
         let b = (x as u64) | ((y as u64) << 32);
@@ -152,6 +152,47 @@ mod tests {
                         let i = 32 * sub + 8 * l + k;
                         assert!(
                             (got - want[i]).abs() <= 1e-6 * want[i].abs().max(1e-3),
+                            "{i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn iq1_m_unpacking_matches_the_cpu() {
+        let l = layout(GgmlType::IQ1_M).unwrap();
+        let g = random_weights(&l, 1, 256 * 16, &mut Rng(7));
+        for blk in g.chunks_exact(56) {
+            let want = dequant(GgmlType::IQ1_M, blk);
+            let (swx, swy) = (word(blk, 48), word(blk, 52));
+            let dbits = ((swx & 0xffff) >> 12)
+                | ((swx >> 24) & 0xf0)
+                | (((swy & 0xffff) >> 4) & 0xf00)
+                | ((swy >> 16) & 0xf000);
+            let d = half::f16::from_bits(dbits as u16).to_f32();
+            for sub in 0..8 {
+                let qs = word(blk, 4 * sub);
+                let qh = u16::from_le_bytes([blk[32 + 2 * sub], blk[33 + 2 * sub]]) as u32;
+                let scw = match sub >> 1 {
+                    0 => swx,
+                    1 => swx >> 16,
+                    2 => swy,
+                    _ => swy >> 16,
+                } & 0xffff;
+                let sh = 6 * (sub & 1);
+                for l in 0..4 {
+                    let nib = (qh >> (4 * l)) & 15;
+                    let grid = IQ1S_GRID[((qs >> (8 * l)) & 0xff | ((nib & 7) << 8)) as usize];
+                    let delta = if nib & 8 != 0 { -0.125 } else { 0.125 };
+                    let sc = 2 * ((scw >> (sh + 3 * (l / 2))) & 7) + 1;
+                    for k in 0..8 {
+                        let gv = ((grid >> (8 * k)) & 0xff) as u8 as i8 as f32;
+                        let got = d * sc as f32 * (gv + delta);
+                        let i = 32 * sub + 8 * l + k;
+                        assert!(
+                            (got - want[i]).abs() <= 1e-6 * want[i].abs().max(1e-6),
                             "{i}"
                         );
                     }

@@ -88,6 +88,11 @@ pub const FILES: &[KernelFile] = &[
         kernels: gemv_f32_names!("gemv_iq2_xs"),
     },
     KernelFile {
+        name: "gemv_iq1_m.cu",
+        source: kernel_dir!("gemv_iq1_m.cu"),
+        kernels: gemv_f32_names!("gemv_iq1_m"),
+    },
+    KernelFile {
         name: "gemv_f32.cu",
         source: kernel_dir!("gemv_f32.cu"),
         kernels: gemv_f32_names!("gemv_f32"),

@@ -15,7 +15,8 @@
 //! 16-byte header, stay whole. Q5_0 moves its `d` and its 4 bytes of fifth
 //! bits out (a 6-byte side entry per block), leaving the 16 bytes of
 //! nibbles as the payload. IQ2_XS's payload is 72 bytes (8-byte aligned,
-//! its kernel reads 8 bytes at a time). `kernels/gemv_common.cuh` reads exactly this.
+//! its kernel reads 8 bytes at a time); IQ1_M (56 bytes, no separate `d`)
+//! stays whole. `kernels/gemv_common.cuh` reads exactly this.
 
 use crate::error::{bail, CudaError, Result};
 use redlite_gguf::GgmlType;
@@ -43,7 +44,7 @@ pub struct DeviceLayout {
 /// The formats with device GEMV kernels. F32 matrices are seen as blocks
 /// of 32 floats (no scale); every other format is dequantized to F32 on
 /// upload ([`upload_layout`]).
-pub const GEMV_TYPES: [GgmlType; 9] = [
+pub const GEMV_TYPES: [GgmlType; 10] = [
     GgmlType::F32,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
@@ -53,6 +54,7 @@ pub const GEMV_TYPES: [GgmlType; 9] = [
     GgmlType::Q5_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ2_XS,
+    GgmlType::IQ1_M,
 ];
 
 /// The layout of `ty`, or an error for formats without device kernels.
@@ -76,6 +78,7 @@ pub fn layout(ty: GgmlType) -> Result<DeviceLayout> {
         GgmlType::Q5_0 => (32, 22, 16, Some(0)),
         GgmlType::IQ4_NL => (32, 18, 16, Some(0)),
         GgmlType::IQ2_XS => (256, 74, 72, Some(0)),
+        GgmlType::IQ1_M => (256, 56, 56, None),
         other => bail!("no CUDA GEMV kernel for {other:?} yet"),
     };
     debug_assert_eq!(ty.block_size(), qk);
@@ -202,8 +205,12 @@ mod tests {
             }
             assert_eq!(l.qk, ty.block_size(), "{ty:?}");
             assert_eq!(l.block_bytes, ty.type_size(), "{ty:?}");
-            // IQ2_XS: 72 bytes, read with 8-byte loads.
-            let align = if ty == GgmlType::IQ2_XS { 8 } else { 16 };
+            // IQ2_XS (72 bytes) and IQ1_M (56): read with loads of <= 8 bytes.
+            let align = if matches!(ty, GgmlType::IQ2_XS | GgmlType::IQ1_M) {
+                8
+            } else {
+                16
+            };
             assert_eq!(
                 l.payload % align,
                 0,

@@ -63,6 +63,14 @@ pub fn random_weights(l: &DeviceLayout, rows: usize, cols: usize, rng: &mut Rng)
             }
             blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
         }
+        if l.ty == GgmlType::IQ1_M {
+            // IQ1_M's f16 d is the top nibbles of its four scale words.
+            let d = f16::from_f32(0.01 * rng.uniform()).to_bits();
+            for i in 0..4 {
+                let at = 48 + 2 * i + 1;
+                blk[at] = (blk[at] & 0x0f) | ((((d >> (4 * i)) & 0xf) as u8) << 4);
+            }
+        }
     }
     out
 }
