@@ -29,6 +29,7 @@ const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", kernel_dir!("common.cuh")),
     ("gemv_common.cuh", kernel_dir!("gemv_common.cuh")),
     ("iq_tables.cuh", kernel_dir!("iq_tables.cuh")),
+    ("iq4nl.cuh", kernel_dir!("iq4nl.cuh")),
 ];
 
 /// The f32-activation GEMV kernels of one family (`GEMV_KERNELS` in
@@ -162,6 +163,9 @@ pub const FILES: &[KernelFile] = &[
             "gemv_q4_k_q8_r1",
             "gemv_q4_k_q8_r2",
             "gemv_q4_k_q8_r4",
+            "gemv_iq4_nl_q8_r1",
+            "gemv_iq4_nl_q8_r2",
+            "gemv_iq4_nl_q8_r4",
         ],
     },
 ];
