@@ -3,6 +3,8 @@
 //
 //     [rows*nb payload blocks of T::PAYLOAD bytes][rows*nb f16 scales]
 //
+// (Q5_0: side entries of 3 u16, d and the fifth bits; see side_words)
+//
 // where the payload is the GGUF block with its f16 `d` moved out (so every
 // payload is 16-byte aligned and read with 128/64-bit loads); Q4_K keeps its
 // block whole (144 bytes, already aligned) and has no scale array.
@@ -21,6 +23,18 @@
 #include "common.cuh"
 
 #define GEMV_WARPS 4
+
+// u16 words of the side array per block (`moved / 2` in src/layout.rs): 1
+// (the f16 d) unless the format says otherwise with `SIDE_WORDS` (Q5_0: 3,
+// d and the fifth bits). T::dot gets its block's side entry.
+template <class T, class = void>
+struct side_words {
+    static constexpr int v = 1;
+};
+template <class T>
+struct side_words<T, decltype(void(T::SIDE_WORDS))> {
+    static constexpr int v = T::SIDE_WORDS;
+};
 
 template <class T, int NR, int U>
 __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, u64 mat_bytes,
@@ -58,7 +72,8 @@ __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, u64 mat_byte
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const u64 bi = (u64)row * nb + cc[u] / T::LPB;
-                const float d = T::dot(base + bi * T::PAYLOAD, dd + bi, cc[u] % T::LPB, xv[u]);
+                const float d = T::dot(base + bi * T::PAYLOAD, dd + bi * side_words<T>::v,
+                                      cc[u] % T::LPB, xv[u]);
                 acc[r] = U == 1 ? acc[r] + d : fmaf(keep[u], d, acc[r]);
             }
         }

@@ -1,4 +1,5 @@
-// GEMV with int8 activations (quantize_q8.cu): IQ2_XXS and Q8_0 weights.
+// GEMV with int8 activations (quantize_q8.cu): IQ2_XXS, Q8_0, Q4_K and
+// IQ4_NL weights.
 // Q8_0 (`gemv_q8_0_q8_*`): a lane chunk is one block, 32 int8 weights (two
 // 16-byte loads) dotted with 32 int8 activations by 8 __dp4a, times
 // d_w * d_x; the work split below is shared (chunks of 32 values, 1 per
@@ -34,8 +35,10 @@
 // slots[mi] (or mi without slots) and the activation vector mi*x_stride;
 // y + m*rows is written.
 #define WANT_IQ2XXS_GRID
+#define WANT_KVALUES_IQ4NL
 #include "gemv_common.cuh"
 #include "iq_tables.cuh"
+#include "iq4nl.cuh"
 
 // Byte masks of 4 sign bits: bit k -> byte k = 1 (t) ; 0xff (t * 0xff).
 __device__ __forceinline__ int iq2_signed(u32 g, u32 bits4) {
@@ -114,6 +117,27 @@ struct Q80Q8 : Contig<1, 2, 2, 1> {
             s = __dp4a((int)wc.v[k].y, xq[k].y, s);
             s = __dp4a((int)wc.v[k].z, xq[k].z, s);
             s = __dp4a((int)wc.v[k].w, xq[k].w, s);
+        }
+        return dw * dx[0] * (float)s;
+    }
+};
+
+// IQ4_NL (`gemv_iq4_nl_q8_*`): as Q8_0, a chunk is one block (16 bytes of
+// nibble indices, d in the scale array); the indices become their int8
+// values (iq4nl.cuh) and go through 8 __dp4a: low nibbles against
+// activations 0..16, high nibbles against 16..32.
+struct Iq4NlQ8 : Contig<1, 1, 2, 1> {
+    static constexpr int CPB = 1, PAYLOAD = 16, W16 = 1, XV = 2, DX = 1;
+    static __device__ __forceinline__ float dot(const WChunk<1>& wc, float dw, const int4* xq,
+                                                const float* dx, const uint2*, int) {
+        const u32 qw[4] = {wc.v[0].x, wc.v[0].y, wc.v[0].z, wc.v[0].w};
+        const int xa[4] = {xq[0].x, xq[0].y, xq[0].z, xq[0].w};
+        const int xb[4] = {xq[1].x, xq[1].y, xq[1].z, xq[1].w};
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            s = __dp4a((int)iq4nl_lookup(qw[k] & 0x0f0f0f0fu), xa[k], s);
+            s = __dp4a((int)iq4nl_lookup((qw[k] >> 4) & 0x0f0f0f0fu), xb[k], s);
         }
         return dw * dx[0] * (float)s;
     }
@@ -280,3 +304,6 @@ GEMV_Q8_KERNEL(gemv_q8_0_q8_r4, Q80Q8, 4, false)
 GEMV_Q8_KERNEL(gemv_q4_k_q8_r1, Q4KQ8, 1, false)
 GEMV_Q8_KERNEL(gemv_q4_k_q8_r2, Q4KQ8, 2, false)
 GEMV_Q8_KERNEL(gemv_q4_k_q8_r4, Q4KQ8, 4, false)
+GEMV_Q8_KERNEL(gemv_iq4_nl_q8_r1, Iq4NlQ8, 1, false)
+GEMV_Q8_KERNEL(gemv_iq4_nl_q8_r2, Iq4NlQ8, 2, false)
+GEMV_Q8_KERNEL(gemv_iq4_nl_q8_r4, Iq4NlQ8, 4, false)

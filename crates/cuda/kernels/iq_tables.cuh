@@ -740,3 +740,11 @@ __device__ const u8 ksigns_iq2xs[128] = {
     0xf0, 0x71, 0x72, 0xf3, 0x74, 0xf5, 0xf6, 0x77, 0x78, 0xf9, 0xfa, 0x7b, 0xfc, 0x7d, 0x7e, 0xff,
 };
 #endif
+
+#if defined(WANT_KVALUES_IQ4NL) && !defined(WANT_KVALUES_IQ4NL_DONE)
+#define WANT_KVALUES_IQ4NL_DONE
+#define KVALUES_IQ4NL_W0 0xbfad9881u
+#define KVALUES_IQ4NL_W1 0xf6eaddcfu
+#define KVALUES_IQ4NL_W2 0x26190d01u
+#define KVALUES_IQ4NL_W3 0x71594535u
+#endif

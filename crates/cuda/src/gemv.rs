@@ -50,6 +50,11 @@ pub fn kernel_name(ty: GgmlType, v: impl Into<Variant>) -> Result<String> {
         GgmlType::Q6_K => "q6_k",
         GgmlType::IQ2_XXS => "iq2_xxs",
         GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q5_K => "q5_k",
+        GgmlType::IQ4_NL => "iq4_nl",
+        GgmlType::IQ2_XS => "iq2_xs",
+        GgmlType::IQ1_M => "iq1_m",
         other => bail!("no CUDA GEMV kernel for {other:?}"),
     };
     ensure!(matches!(nr, 1 | 2 | 4), "rows per warp must be 1, 2 or 4");
@@ -57,7 +62,12 @@ pub fn kernel_name(ty: GgmlType, v: impl Into<Variant>) -> Result<String> {
 }
 
 /// The formats with int8-activation kernels (`kernels/gemv_q8act.cu`).
-pub const Q8_TYPES: [GgmlType; 3] = [GgmlType::IQ2_XXS, GgmlType::Q8_0, GgmlType::Q4_K];
+pub const Q8_TYPES: [GgmlType; 4] = [
+    GgmlType::IQ2_XXS,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::IQ4_NL,
+];
 
 /// One configuration of the int8-activation kernels: `nr` rows per lane
 /// group; `smem_grid`: IQ2_XXS grid looked up in shared memory (`_q8s`).
@@ -87,6 +97,7 @@ pub fn q8_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
         )),
         GgmlType::Q8_0 if !smem_grid => Ok(format!("gemv_q8_0_q8_r{nr}")),
         GgmlType::Q4_K if !smem_grid => Ok(format!("gemv_q4_k_q8_r{nr}")),
+        GgmlType::IQ4_NL if !smem_grid => Ok(format!("gemv_iq4_nl_q8_r{nr}")),
         other => bail!("no int8-activation kernel for {other:?} (smem_grid {smem_grid})"),
     }
 }
@@ -225,7 +236,7 @@ impl DeviceMatrix {
         )
     }
 
-    /// `y = W x` with int8 activations (IQ2_XXS, Q8_0, Q4_K; `x` quantized by
+    /// `y = W x` with int8 activations ([`Q8_TYPES`]; `x` quantized by
     /// [`Q8Vec::quantize`], `x.n >= cols`).
     pub fn gemv_q8(
         &self,

@@ -29,6 +29,7 @@ const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", kernel_dir!("common.cuh")),
     ("gemv_common.cuh", kernel_dir!("gemv_common.cuh")),
     ("iq_tables.cuh", kernel_dir!("iq_tables.cuh")),
+    ("iq4nl.cuh", kernel_dir!("iq4nl.cuh")),
 ];
 
 /// The f32-activation GEMV kernels of one family (`GEMV_KERNELS` in
@@ -66,6 +67,31 @@ pub const FILES: &[KernelFile] = &[
         name: "gemv_q8_0.cu",
         source: kernel_dir!("gemv_q8_0.cu"),
         kernels: gemv_f32_names!("gemv_q8_0"),
+    },
+    KernelFile {
+        name: "gemv_q5_0.cu",
+        source: kernel_dir!("gemv_q5_0.cu"),
+        kernels: gemv_f32_names!("gemv_q5_0"),
+    },
+    KernelFile {
+        name: "gemv_q5k.cu",
+        source: kernel_dir!("gemv_q5k.cu"),
+        kernels: gemv_f32_names!("gemv_q5_k"),
+    },
+    KernelFile {
+        name: "gemv_iq4_nl.cu",
+        source: kernel_dir!("gemv_iq4_nl.cu"),
+        kernels: gemv_f32_names!("gemv_iq4_nl"),
+    },
+    KernelFile {
+        name: "gemv_iq2_xs.cu",
+        source: kernel_dir!("gemv_iq2_xs.cu"),
+        kernels: gemv_f32_names!("gemv_iq2_xs"),
+    },
+    KernelFile {
+        name: "gemv_iq1_m.cu",
+        source: kernel_dir!("gemv_iq1_m.cu"),
+        kernels: gemv_f32_names!("gemv_iq1_m"),
     },
     KernelFile {
         name: "gemv_f32.cu",
@@ -137,6 +163,9 @@ pub const FILES: &[KernelFile] = &[
             "gemv_q4_k_q8_r1",
             "gemv_q4_k_q8_r2",
             "gemv_q4_k_q8_r4",
+            "gemv_iq4_nl_q8_r1",
+            "gemv_iq4_nl_q8_r2",
+            "gemv_iq4_nl_q8_r4",
         ],
     },
 ];

@@ -11,8 +11,12 @@
 //! ```
 //!
 //! The same byte count as the GGUF tensor; every payload starts 16-byte
-//! aligned. Q4_K (144 bytes, `d` and `dmin` in its 16-byte header) stays
-//! whole. `kernels/gemv_common.cuh` reads exactly this.
+//! aligned. Q4_K (144 bytes) and Q5_K (176), `d` and `dmin` in their
+//! 16-byte header, stay whole. Q5_0 moves its `d` and its 4 bytes of fifth
+//! bits out (a 6-byte side entry per block), leaving the 16 bytes of
+//! nibbles as the payload. IQ2_XS's payload is 72 bytes (8-byte aligned,
+//! its kernel reads 8 bytes at a time); IQ1_M (56 bytes, no separate `d`)
+//! stays whole. `kernels/gemv_common.cuh` reads exactly this.
 
 use crate::error::{bail, CudaError, Result};
 use redlite_gguf::GgmlType;
@@ -27,19 +31,30 @@ pub struct DeviceLayout {
     pub block_bytes: usize,
     /// Bytes of one payload on the device.
     pub payload: usize,
-    /// Offset of the f16 `d` moved out of the block, if any.
+    /// Offset of the bytes moved out of the block (the f16 `d` first), if
+    /// any.
     pub d_at: Option<usize>,
+    /// How many bytes are moved out at `d_at`: 2 (the `d`), or 6 for Q5_0
+    /// (`d` and the 4 bytes of fifth bits, so that the 16 bytes of nibbles
+    /// are the aligned payload). The side array holds `moved` bytes per
+    /// block.
+    pub moved: usize,
 }
 
 /// The formats with device GEMV kernels. F32 matrices are seen as blocks
 /// of 32 floats (no scale); every other format is dequantized to F32 on
 /// upload ([`upload_layout`]).
-pub const GEMV_TYPES: [GgmlType; 5] = [
+pub const GEMV_TYPES: [GgmlType; 10] = [
     GgmlType::F32,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::IQ2_XXS,
     GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q5_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ1_M,
 ];
 
 /// The layout of `ty`, or an error for formats without device kernels.
@@ -52,12 +67,18 @@ pub fn layout(ty: GgmlType) -> Result<DeviceLayout> {
                 block_bytes: 128,
                 payload: 128,
                 d_at: None,
+                moved: 0,
             })
         }
         GgmlType::Q4_K => (256, 144, 144, None),
+        GgmlType::Q5_K => (256, 176, 176, None),
         GgmlType::Q6_K => (256, 210, 208, Some(208)),
         GgmlType::IQ2_XXS => (256, 66, 64, Some(0)),
         GgmlType::Q8_0 => (32, 34, 32, Some(0)),
+        GgmlType::Q5_0 => (32, 22, 16, Some(0)),
+        GgmlType::IQ4_NL => (32, 18, 16, Some(0)),
+        GgmlType::IQ2_XS => (256, 74, 72, Some(0)),
+        GgmlType::IQ1_M => (256, 56, 56, None),
         other => bail!("no CUDA GEMV kernel for {other:?} yet"),
     };
     debug_assert_eq!(ty.block_size(), qk);
@@ -68,6 +89,7 @@ pub fn layout(ty: GgmlType) -> Result<DeviceLayout> {
         block_bytes,
         payload,
         d_at,
+        moved: block_bytes - payload,
     })
 }
 
@@ -137,12 +159,13 @@ impl DeviceLayout {
             return Ok(gguf.to_vec());
         };
         let mut out = vec![0u8; gguf.len()];
+        let mv = self.moved;
         let (pay, ds) = out.split_at_mut(n * self.payload);
         for (i, blk) in gguf.chunks_exact(self.block_bytes).enumerate() {
             let p = &mut pay[i * self.payload..][..self.payload];
             p[..at].copy_from_slice(&blk[..at]);
-            p[at..].copy_from_slice(&blk[at + 2..]);
-            ds[2 * i..2 * i + 2].copy_from_slice(&blk[at..at + 2]);
+            p[at..].copy_from_slice(&blk[at + mv..]);
+            ds[mv * i..mv * (i + 1)].copy_from_slice(&blk[at..at + mv]);
         }
         Ok(out)
     }
@@ -161,7 +184,7 @@ impl DeviceLayout {
         for i in 0..n {
             let p = &pay[i * self.payload..][..self.payload];
             out.extend_from_slice(&p[..at]);
-            out.extend_from_slice(&ds[2 * i..2 * i + 2]);
+            out.extend_from_slice(&ds[self.moved * i..self.moved * (i + 1)]);
             out.extend_from_slice(&p[at..]);
         }
         Ok(out)
@@ -182,8 +205,19 @@ mod tests {
             }
             assert_eq!(l.qk, ty.block_size(), "{ty:?}");
             assert_eq!(l.block_bytes, ty.type_size(), "{ty:?}");
-            assert_eq!(l.payload % 16, 0, "{ty:?} payload not 16-byte aligned");
-            assert_eq!(l.payload + 2 * l.d_at.is_some() as usize, l.block_bytes);
+            // IQ2_XS (72 bytes) and IQ1_M (56): read with loads of <= 8 bytes.
+            let align = if matches!(ty, GgmlType::IQ2_XS | GgmlType::IQ1_M) {
+                8
+            } else {
+                16
+            };
+            assert_eq!(
+                l.payload % align,
+                0,
+                "{ty:?} payload not {align}-byte aligned"
+            );
+            assert_eq!(l.payload + l.moved, l.block_bytes);
+            assert_eq!(l.moved == 0, l.d_at.is_none(), "{ty:?}");
         }
     }
 
@@ -199,9 +233,10 @@ mod tests {
             assert_eq!(l.unpack(&dev, rows, cols).unwrap(), src, "{ty:?}");
             if let Some(at) = l.d_at {
                 let n = rows * 2;
+                let mv = l.moved;
                 for i in 0..n {
                     let blk = &src[i * l.block_bytes..];
-                    assert_eq!(&dev[n * l.payload + 2 * i..][..2], &blk[at..at + 2]);
+                    assert_eq!(&dev[n * l.payload + mv * i..][..mv], &blk[at..at + mv]);
                 }
             }
         }

@@ -37,6 +37,7 @@ pub mod decoder;
 pub mod device;
 pub mod error;
 pub mod gemv;
+mod kernel_model;
 pub mod kernels;
 pub mod layout;
 pub mod ops;

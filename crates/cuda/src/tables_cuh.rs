@@ -5,7 +5,9 @@
 //! `iq_tables_cuh_is_current` fails when it drifts from the Rust tables, and
 //! `REDLITE_WRITE_CUH=1 cargo test -p redlite-cuda iq_tables` rewrites it.
 
-use redlite_quant::iquants::tables::{IQ1S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
+use redlite_quant::iquants::tables::{
+    IQ1S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL,
+};
 use std::fmt::Write;
 
 fn table_u64(out: &mut String, guard: &str, name: &str, t: &[u64]) {
@@ -44,6 +46,19 @@ pub fn iq_tables_cuh() -> String {
         writeln!(out, "    {},", row.join(", ")).unwrap();
     }
     writeln!(out, "}};\n#endif").unwrap();
+    // IQ4_NL's 16 values as four little-endian words (byte k of word w is
+    // value 4w + k), for __byte_perm lookups.
+    writeln!(
+        out,
+        "\n#if defined(WANT_KVALUES_IQ4NL) && !defined(WANT_KVALUES_IQ4NL_DONE)"
+    )
+    .unwrap();
+    writeln!(out, "#define WANT_KVALUES_IQ4NL_DONE").unwrap();
+    for (w, c) in KVALUES_IQ4NL.chunks(4).enumerate() {
+        let word = u32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]);
+        writeln!(out, "#define KVALUES_IQ4NL_W{w} 0x{word:08x}u").unwrap();
+    }
+    writeln!(out, "#endif").unwrap();
     out
 }
 

@@ -28,16 +28,20 @@ impl Rng {
 /// Offsets of the f16 scale fields in a GGUF block of `ty`.
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
-        GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
-        GgmlType::IQ2_XXS | GgmlType::Q8_0 => &[0],
+        GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::Q8_0
+        | GgmlType::Q5_0
+        | GgmlType::IQ4_NL => &[0],
         _ => &[],
     }
 }
 
 /// GGUF bytes of a random `rows` x `cols` matrix: random payload bytes (every
 /// nibble, index, sign code and sub-scale pattern is a valid block) and f16
-/// scales uniform in ±0.01 (Q4_K's `d`, `dmin` positive, as quantizers write).
+/// scales uniform in ±0.01 (Q4_K's and Q5_K's `d`, `dmin` positive, as quantizers write).
 pub fn random_weights(l: &DeviceLayout, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     if l.ty == GgmlType::F32 {
         return (0..rows * cols)
@@ -54,10 +58,18 @@ pub fn random_weights(l: &DeviceLayout, rows: usize, cols: usize, rng: &mut Rng)
     for blk in out.chunks_exact_mut(l.block_bytes) {
         for &at in fields {
             let mut v = 0.01 * rng.uniform();
-            if l.ty == GgmlType::Q4_K {
+            if matches!(l.ty, GgmlType::Q4_K | GgmlType::Q5_K) {
                 v = v.abs() + 1e-4;
             }
             blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+        }
+        if l.ty == GgmlType::IQ1_M {
+            // IQ1_M's f16 d is the top nibbles of its four scale words.
+            let d = f16::from_f32(0.01 * rng.uniform()).to_bits();
+            for i in 0..4 {
+                let at = 48 + 2 * i + 1;
+                blk[at] = (blk[at] & 0x0f) | ((((d >> (4 * i)) & 0xf) as u8) << 4);
+            }
         }
     }
     out

@@ -1,0 +1,48 @@
+// GEMV, Q5_0 weights (crates/quant/src/legacy/q5.rs). The 22-byte GGUF
+// block d(f16) | qh(4) | qs(16) is split: payload qs[16] and a 6-byte side
+// entry d | qh (src/layout.rs, SIDE_WORDS = 3). Element i < 16 is the low
+// nibble of qs[i], element 16 + i its high nibble; bit i of the
+// little-endian u32 qh is element i's fifth bit. Value: d * (q - 16).
+//
+// One lane chunk per 32-value block (LPB = 1): one 16-byte load of the
+// nibbles, three 2-byte loads of the side entry; the 32 lanes of a warp
+// read 32 consecutive payloads (512 bytes, coalesced) and side entries.
+#include "gemv_common.cuh"
+
+// Bits 0..3 of `nib` to bit 4 of bytes 0..3 (the fifth bits of four values).
+__device__ __forceinline__ u32 bits_to_b4(u32 nib) {
+    return ((nib * 0x00204081u) & 0x01010101u) << 4;
+}
+
+struct Q50 {
+    static constexpr int QK = 32, LPB = 1, PAYLOAD = 16, SIDE_WORDS = 3;
+    static __device__ __forceinline__ void load_x(const float* __restrict__ xb, int, float* v) {
+#pragma unroll
+        for (int l = 0; l < 4; l++) load8(xb + 8 * l, v + 8 * l);
+    }
+    static __device__ __forceinline__ float dot(const u8* __restrict__ blk, const u16* __restrict__ side,
+                                                int, const float* v) {
+        const uint4 q = __ldg(reinterpret_cast<const uint4*>(blk));
+        const float d = h2f(__ldg(side));
+        const u32 qh = (u32)__ldg(side + 1) | ((u32)__ldg(side + 2) << 16);
+        const u32 qw[4] = {q.x, q.y, q.z, q.w};
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            // values 4w..4w+3 (low nibbles) and 16+4w.. (high nibbles)
+            const u32 lo = (qw[w] & 0x0f0f0f0fu) | bits_to_b4((qh >> (4 * w)) & 15u);
+            const u32 hi = ((qw[w] >> 4) & 0x0f0f0f0fu) | bits_to_b4((qh >> (16 + 4 * w)) & 15u);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                // 2^23 + q, minus 2^23 + 16: q - 16 exactly
+                s = fmaf(__int_as_float(__byte_perm(lo, 0x4B000000u, 0x7540u | (u32)k)) - 8388624.0f,
+                         v[4 * w + k], s);
+                s = fmaf(__int_as_float(__byte_perm(hi, 0x4B000000u, 0x7540u | (u32)k)) - 8388624.0f,
+                         v[16 + 4 * w + k], s);
+            }
+        }
+        return d * s;
+    }
+};
+
+GEMV_KERNELS(gemv_q5_0, Q50)
