@@ -427,41 +427,7 @@ mod avx2 {
     gemm_k!(gemm_q6_k, BlockQ6K, DecodedQ6K, decode_q6_k, pair_q6_k);
 }
 
-macro_rules! gemm_dispatch {
-    ($name:ident, $avx:ident, $multi:ident) => {
-        /// The AVX2 GEMM kernel (rows decoded once per 64 records, two
-        /// rows per record load), else the multi kernel per row.
-        pub fn $name(
-            rows: &[u8],
-            row_bytes: usize,
-            nr: usize,
-            acts: &[u8],
-            stride: usize,
-            n: usize,
-            out: &mut [f32],
-        ) {
-            #[cfg(target_arch = "x86_64")]
-            if crate::legacy::x86::has_avx2_fma() {
-                // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
-                return unsafe { avx2::$avx(rows, row_bytes, nr, acts, stride, n, out) };
-            }
-            assert!(out.len() >= nr * n, "gemm: output");
-            for r in 0..nr {
-                let row = &rows[r * row_bytes..(r + 1) * row_bytes];
-                let mut t0 = 0;
-                while t0 < n {
-                    let g = (n - t0).min(crate::registry::MULTI_MAX);
-                    let mut tmp = [0f32; crate::registry::MULTI_MAX];
-                    $multi(row, &acts[t0 * stride..], stride, &mut tmp[..g]);
-                    for (j, &x) in tmp[..g].iter().enumerate() {
-                        out[(t0 + j) * nr + r] = x;
-                    }
-                    t0 += g;
-                }
-            }
-        }
-    };
-}
+use crate::legacy::multi::gemm_dispatch;
 
 gemm_dispatch!(gemm_q4_k_fast, gemm_q4_k, multi_q4_k);
 gemm_dispatch!(gemm_q6_k_fast, gemm_q6_k, multi_q6_k);

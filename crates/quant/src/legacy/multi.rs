@@ -723,9 +723,40 @@ pub type GemmFn = fn(
     out: &mut [f32],
 );
 
+/// The portable GEMM: the multi kernel per row, in groups of at most
+/// [`MULTI_MAX`] records, into the token-major output of [`GemmFn`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_by_rows(
+    rows: &[u8],
+    row_bytes: usize,
+    nr: usize,
+    acts: &[u8],
+    stride: usize,
+    n: usize,
+    out: &mut [f32],
+    multi: fn(&[u8], &[u8], usize, &mut [f32]),
+) {
+    assert!(out.len() >= nr * n, "gemm: output");
+    for r in 0..nr {
+        let row = &rows[r * row_bytes..(r + 1) * row_bytes];
+        let mut t0 = 0;
+        while t0 < n {
+            let g = (n - t0).min(MULTI_MAX);
+            let mut tmp = [0f32; MULTI_MAX];
+            multi(row, &acts[t0 * stride..], stride, &mut tmp[..g]);
+            for (j, &x) in tmp[..g].iter().enumerate() {
+                out[(t0 + j) * nr + r] = x;
+            }
+            t0 += g;
+        }
+    }
+}
+
+/// A [`GemmFn`] named `$name`: the AVX2 kernel `avx2::$avx` of the calling
+/// module, else [`gemm_by_rows`] over `$multi`.
 macro_rules! gemm_dispatch {
     ($name:ident, $avx:ident, $multi:ident) => {
-        /// The AVX2 four-record GEMM kernel, else the multi kernel per row.
+        /// The AVX2 GEMM kernel, else the multi kernel per row.
         pub fn $name(
             rows: &[u8],
             row_bytes: usize,
@@ -736,27 +767,15 @@ macro_rules! gemm_dispatch {
             out: &mut [f32],
         ) {
             #[cfg(target_arch = "x86_64")]
-            if super::x86::has_avx2_fma() {
+            if crate::legacy::x86::has_avx2_fma() {
                 // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
                 return unsafe { avx2::$avx(rows, row_bytes, nr, acts, stride, n, out) };
             }
-            assert!(out.len() >= nr * n, "gemm: output");
-            for r in 0..nr {
-                let row = &rows[r * row_bytes..(r + 1) * row_bytes];
-                let mut t0 = 0;
-                while t0 < n {
-                    let g = (n - t0).min(MULTI_MAX);
-                    let mut tmp = [0f32; MULTI_MAX];
-                    $multi(row, &acts[t0 * stride..], stride, &mut tmp[..g]);
-                    for (j, &x) in tmp[..g].iter().enumerate() {
-                        out[(t0 + j) * nr + r] = x;
-                    }
-                    t0 += g;
-                }
-            }
+            crate::legacy::multi::gemm_by_rows(rows, row_bytes, nr, acts, stride, n, out, $multi)
         }
     };
 }
+pub(crate) use gemm_dispatch;
 
 gemm_dispatch!(gemm_q8_0_fast, gemm_q8_0, multi_q8_0);
 gemm_dispatch!(gemm_q5_0_fast, gemm_q5_0, multi_q5_0);
