@@ -2,10 +2,13 @@
 //! (`redlite_cuda::decoder`) timed, and checked against the CPU engine.
 
 use crate::modelbench::{ModelBenchArgs, TestResult};
+use crate::residency::MemoryArgs;
 use anyhow::{ensure, Context, Result};
-use redlite_cuda::decoder::{CudaDecoder, DecoderOptions};
+use redlite_cuda::decoder::{CudaDecoder, DecoderOptions, ExpertCacheOptions};
 use redlite_cuda::parity::parity;
 use redlite_cuda::Gpu;
+use redlite_model::expertcache::plan::{human, DEFAULT_RESERVE};
+use redlite_model::expertcache::{plan, ExpertResidency, PlanInput};
 use redlite_model::Model;
 use std::time::Instant;
 
@@ -21,6 +24,100 @@ fn tokens(seed: u64, n: usize, n_vocab: usize) -> Vec<u32> {
         .collect()
 }
 
+/// The device memory plan: dense weights (everything but routed experts
+/// and the token embedding, which stays on the host), the KV cache and
+/// DeltaNet state for `ctx` positions and a reserve are on the device; the
+/// routed experts are all resident when they fit the budget (the device's
+/// free memory, or `--memory` / `--expert-cache`), else each MoE layer
+/// gets an equal pool of slots and every expert is kept in pinned host
+/// memory, from where misses are copied. Refuses, with the numbers, before
+/// anything is uploaded. Returns the cache options (None: full residency)
+/// and the plan line.
+pub fn device_plan(
+    gpu: &Gpu,
+    model: &Model,
+    mem: &MemoryArgs,
+    ctx: usize,
+) -> Result<(Option<ExpertCacheOptions>, String)> {
+    let (free, total) = gpu.mem_info()?;
+    let layout = model.expert_layout()?;
+    let (dense, experts) = model.weight_split()?;
+    let embd = model
+        .file()
+        .tensors()
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .map_or(0, |t| t.n_bytes);
+    let moe_layers: Vec<_> = layout.layers.iter().flatten().collect();
+    let n_layers = moe_layers.len() as u64;
+    let (kv_per_pos, recurrent) = model.state_bytes();
+    let k = model.n_expert_used() as u64;
+    let input = PlanInput {
+        dense_bytes: dense - embd,
+        expert_bytes: experts,
+        n_experts: layout.n_experts(),
+        slot_bytes: layout.slot_bytes(),
+        n_used: k * n_layers,
+        state_bytes: kv_per_pos * ctx as u64 + recurrent,
+        ctx: ctx as u64,
+        available: Some(free as u64),
+        memory: mem.memory,
+        expert_cache: mem.expert_cache,
+        reserve: DEFAULT_RESERVE,
+    };
+    let p = plan(input).map_err(|e| anyhow::anyhow!("device memory plan: {e}"))?;
+    let i = &p.input;
+    let budget = match (p.budget, i.memory) {
+        (Some(b), Some(m)) if m == b => format!("{} (--memory)", human(b)),
+        (Some(b), _) => format!(
+            "{} (free on the device of {})",
+            human(b),
+            human(total as u64)
+        ),
+        (None, _) => "unlimited".into(),
+    };
+    let head = format!(
+        "memory plan (cuda): budget {budget} | on the device: dense {} + state {} for {ctx} positions + reserve {}",
+        human(i.dense_bytes),
+        human(i.state_bytes),
+        human(i.reserve)
+    );
+    match p.experts {
+        ExpertResidency::Cached { slots } if n_layers > 0 => {
+            let e_per_layer = moe_layers[0].n_expert as u64;
+            let per_layer = (slots / n_layers).max(k).min(e_per_layer);
+            let host = memory_available();
+            if let Some(a) = host {
+                ensure!(
+                    experts + (1 << 30) <= a,
+                    "device memory plan: the experts ({}) do not fit the device budget, and keeping them in pinned host memory needs {} + 1 GiB but {} is available (reading misses from the file is not implemented on the GPU)",
+                    human(experts),
+                    human(experts),
+                    human(a)
+                );
+            }
+            let mut c = ExpertCacheOptions::new(per_layer as usize);
+            c.pregate = mem.pregate.is_none_or(|n| n > 0);
+            let line = format!(
+                "{head} + expert cache {}: {per_layer} of {e_per_layer} slots per MoE layer x {n_layers} layers ({:.1}% of the experts), LRU, pre-gating {} | every expert in pinned host memory ({}), misses copied over PCIe",
+                human(per_layer * n_layers * i.slot_bytes),
+                100.0 * per_layer as f64 / e_per_layer as f64,
+                if c.pregate { "on" } else { "off" },
+                human(experts),
+            );
+            Ok((Some(c), line))
+        }
+        _ => Ok((
+            None,
+            format!("{head} + every expert ({}) resident", human(experts)),
+        )),
+    }
+}
+
+fn memory_available() -> Option<u64> {
+    crate::memory::available_bytes()
+}
+
 /// The decode tests of `tests` on the GPU: per depth D the position is set
 /// to D (the tokens before it are not computed), one warm-up token, then
 /// `reps` runs of N tokens, each token one graph replay with its logits
@@ -31,13 +128,15 @@ pub fn results(
     tests: &[(usize, usize, usize)],
     reps: usize,
     seed: u64,
-) -> Result<Vec<TestResult>> {
+) -> Result<(Vec<TestResult>, String)> {
     let need = tests
         .iter()
         .map(|&(p, n, d)| d + p + n + 2)
         .max()
         .unwrap_or(1);
     let gpu = Gpu::new(0)?;
+    let (cache, plan_line) = device_plan(&gpu, model, &args.mem, need)?;
+    eprintln!("redlite: {plan_line}");
     let t0 = Instant::now();
     let mut dec = CudaDecoder::new(
         gpu,
@@ -46,6 +145,7 @@ pub fn results(
             ctx: need,
             nsplit: None,
             int8: !args.f32_activations,
+            expert_cache: cache,
         },
     )?;
     eprintln!(
@@ -73,14 +173,30 @@ pub fn results(
                 continue;
             }
             let ids = tokens(seed + i as u64, if i == 0 { 1 } else { len }, n_vocab);
+            let before = dec.cache_totals()?;
             let t = Instant::now();
             for &id in &ids {
                 std::hint::black_box(dec.step(model, id)?);
             }
             let secs = t.elapsed().as_secs_f64();
             if i > 0 {
+                let cache = match (before, dec.cache_totals()?) {
+                    (Some((b, bb)), Some((a, ab))) => {
+                        let (hits, misses) = (a.hits - b.hits, a.misses - b.misses);
+                        let (pre, used) = (
+                            a.prefetched - b.prefetched,
+                            a.prefetch_used - b.prefetch_used,
+                        );
+                        format!(
+                            " | cache: {:.1}% hits ({hits} hits, {misses} misses), prefetched {pre} ({used} used), PCIe {:.1} MiB/token",
+                            100.0 * hits as f64 / (hits + misses).max(1) as f64,
+                            (ab - bb) as f64 / ids.len() as f64 / (1u64 << 20) as f64
+                        )
+                    }
+                    _ => String::new(),
+                };
                 eprintln!(
-                    "redlite bench: {} run {i}/{reps}: {:.2} tok/s",
+                    "redlite bench: {} run {i}/{reps}: {:.2} tok/s{cache}",
                     r.name(),
                     len as f64 / secs
                 );
@@ -89,7 +205,7 @@ pub fn results(
         }
         out.push(r);
     }
-    Ok(out)
+    Ok((out, plan_line))
 }
 
 /// `redlite parity`: every file against the CPU reference path with f32
@@ -149,6 +265,56 @@ pub fn parity_cli(
             );
         }
     }
+    // The bounded expert cache: every size from the minimum (a token's
+    // experts) to one below full residency, pre-gating off and on, against
+    // the decoder with every expert resident: identical bit for bit.
+    println!();
+    println!("| file | activations | slots per layer | pre-gating | steps | steps with any logit bit different | greedy identical | hit rate | prefetched (used) | verdict |");
+    println!("|---|---|---|---|---:|---:|---|---|---|---|");
+    for path in files {
+        let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(path)?);
+        let mut model = Model::load(file, Default::default())?;
+        let (k, e) = match model.expert_layout()?.layers.iter().flatten().next() {
+            Some(l) => (model.n_expert_used(), l.n_expert),
+            None => continue,
+        };
+        let prompt = tokens(7, n_prompt, model.n_vocab());
+        let name = path
+            .file_name()
+            .map_or(path.display().to_string(), |n| n.to_string_lossy().into());
+        let gpu = Gpu::new(0)?;
+        for int8 in [true, false] {
+            model.set_reference(!int8);
+            let sizes: Vec<usize> = (k..e).collect();
+            let runs =
+                redlite_cuda::parity::cache_sweep(&gpu, &model, &prompt, n_greedy, int8, &sizes)?;
+            for pregate in [false, true] {
+                let rs: Vec<_> = runs.iter().filter(|r| r.pregate == pregate).collect();
+                let ok = rs.iter().all(|r| r.ok());
+                all &= ok;
+                let hr: Vec<f64> = rs.iter().map(|r| r.counters.hit_rate()).collect();
+                let lo = hr.iter().cloned().fold(f64::INFINITY, f64::min);
+                let hi = hr.iter().cloned().fold(0.0, f64::max);
+                let (pre, used): (u64, u64) = rs.iter().fold((0, 0), |a, r| {
+                    (a.0 + r.counters.prefetched, a.1 + r.counters.prefetch_used)
+                });
+                println!(
+                    "| {name} | {} | {k}..{} (each) | {} | {} each | {} | {}/{} | {:.1}%..{:.1}% | {pre} ({used}) | {} |",
+                    if int8 { "int8" } else { "f32" },
+                    e - 1,
+                    if pregate { "on" } else { "off" },
+                    rs.first().map_or(0, |r| r.steps),
+                    rs.iter().map(|r| r.steps_differing).sum::<usize>(),
+                    rs.iter().filter(|r| r.greedy_equal).count(),
+                    rs.len(),
+                    100.0 * lo,
+                    100.0 * hi,
+                    if ok { "ok" } else { "FAIL" }
+                );
+            }
+        }
+    }
+    println!();
     println!("CPU engine (one token per forward) vs the CUDA decoder (one graph per token, f32 activations); gate on the reference rows: every argmax equal, KL <= {kl_max:e}, greedy identical; router mismatches = (MoE layer, step) pairs whose chosen experts differ (reported)");
     ensure!(all, "CUDA parity failed");
     Ok(())

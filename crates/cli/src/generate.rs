@@ -127,7 +127,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let path = &args.model;
     let file = Arc::new(memory::open_model(
         path,
-        args.mmap,
+        args.mmap || args.device == "cuda",
         args.no_mmap,
         &args.mem,
     )?);
@@ -162,7 +162,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         },
         memory::weights_residency(&file),
     );
-    crate::residency::apply(&mut model, &args.mem, ctx)?;
+    if args.device == "cpu" {
+        crate::residency::apply(&mut model, &args.mem, ctx)?;
+    }
 
     let tokenizer = Tokenizer::from_gguf(file.metadata());
     let prompt: Vec<u32> = if let Some(ids) = &args.prompt_ids {
@@ -221,7 +223,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         seed,
     });
 
-    let mut session = Runner::new(&args.device, &model, ctx, args.f32_activations)?;
+    let mut session = Runner::new(&args.device, &model, ctx, args.f32_activations, &args.mem)?;
     if args.dump_trace.is_some() {
         session.enable_trace()?;
     }
@@ -354,12 +356,20 @@ enum Runner {
 }
 
 impl Runner {
-    fn new(device: &str, model: &Model, ctx: usize, f32_act: bool) -> Result<Self> {
-        let _ = f32_act;
+    fn new(
+        device: &str,
+        model: &Model,
+        ctx: usize,
+        f32_act: bool,
+        mem: &crate::residency::MemoryArgs,
+    ) -> Result<Self> {
+        let _ = (f32_act, mem);
         match device {
             #[cfg(feature = "cuda")]
             "cuda" => {
                 let gpu = redlite_cuda::Gpu::new(0)?;
+                let (cache, line) = crate::cudabench::device_plan(&gpu, model, mem, ctx)?;
+                eprintln!("redlite: {line}");
                 let dec = redlite_cuda::decoder::CudaDecoder::new(
                     gpu,
                     model,
@@ -367,6 +377,7 @@ impl Runner {
                         ctx,
                         nsplit: None,
                         int8: !f32_act,
+                        expert_cache: cache,
                     },
                 )?;
                 eprintln!(

@@ -390,7 +390,9 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
     let path = &args.model;
     let file = Arc::new(crate::memory::open_model(
         path,
-        args.mmap || args.mmap_advice.is_some(),
+        // On the GPU the weights are copied to the device (or to pinned
+        // host memory): a second copy in anonymous memory would only cost.
+        args.mmap || args.mmap_advice.is_some() || args.device == "cuda",
         args.no_mmap,
         &args.mem,
     )?);
@@ -433,12 +435,18 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
         .map(|&(p, n, d)| p.max(d + n + 1))
         .max()
         .unwrap_or(1);
-    let mem_plan = crate::residency::apply(&mut model, &args.mem, ctx)?;
+    // On the GPU the device plan (made once the device is open) replaces
+    // the host one.
+    let mut mem_plan = if args.device == "cuda" {
+        String::new()
+    } else {
+        crate::residency::apply(&mut model, &args.mem, ctx)?.to_string()
+    };
     let model = model;
     if let Some(a) = &args.mmap_advice {
         advise(&file, a)?;
     }
-    if !args.no_warmup {
+    if !args.no_warmup && args.device == "cpu" {
         if model.expert_cache().is_some() {
             // Bounded experts: read the dense weights only.
             let t0 = Instant::now();
@@ -477,7 +485,8 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
     if args.device == "cuda" {
         #[cfg(feature = "cuda")]
         {
-            results = crate::cudabench::results(&args, &model, &tests, reps, args.seed)?;
+            (results, mem_plan) =
+                crate::cudabench::results(&args, &model, &tests, reps, args.seed)?;
         }
         #[cfg(not(feature = "cuda"))]
         bail!("--device cuda: this redlite was built without the cuda feature");
@@ -570,7 +579,7 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
                     "stddev_ts": stddev(&ts),
                     "samples_ts": ts,
                     "peak_rss": peak_rss_bytes(),
-                    "memory_plan": mem_plan.to_string(),
+                    "memory_plan": mem_plan,
                     "expert_cache": cache_stats
                         .iter()
                         .rev()

@@ -20,10 +20,11 @@
 
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
+use crate::expert_cache::{read_counters, CacheCounters, LayerCache};
 use crate::gemv::{DeviceMatrix, ExpertStack, Q8Vec, DEFAULT_NR, Q8_TYPES};
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 use redlite_gguf::GgufFile;
 use redlite_model::blocks::attention::{AttnParams, AttnWeights};
 use redlite_model::blocks::deltanet::{DeltaNetParams, DeltaNetWeights, InProj, L2_EPS};
@@ -31,6 +32,7 @@ use redlite_model::blocks::moe::{DenseFfn, ExpertsGateUp, MoeWeights};
 use redlite_model::stages::TokenStages;
 use redlite_model::weights::Weight;
 use redlite_model::{Model, ModelError};
+use std::sync::Arc;
 
 /// The activations every op reads or writes.
 struct Bufs {
@@ -41,10 +43,22 @@ struct Bufs {
     /// The mixer output.
     mix: CudaSlice<f32>,
     logits: CudaSlice<f32>,
-    /// The position of the token being run (one i32).
+    /// The position of the token being run, and the token counter the
+    /// expert cache stamps its slots with (two i32).
     pos: CudaSlice<i32>,
     /// `h` quantized for the int8 kernels (int8 mode).
     hq: Option<Q8Vec>,
+    /// Expert cache counters, 4 u64 per MoE layer.
+    counters: CudaSlice<u64>,
+}
+
+/// What recording the graph needs besides the buffers: the side stream
+/// that prefetches, the event of the prefetch the next MoE layer must
+/// wait for, and every event recorded (alive until the graph is built).
+struct Capture<'a> {
+    side: &'a Gpu,
+    pending: Option<CudaEvent>,
+    events: Vec<CudaEvent>,
 }
 
 /// `y = W x`, through the int8 kernel when `xq` is given and W's format has
@@ -174,15 +188,40 @@ struct FfnOp {
     out: CudaSlice<f32>,
 }
 
-struct MoeOp {
-    /// router logits | shared-expert gate logit (when there is one).
-    router: Proj,
+/// A layer's routed experts: slot stacks, and the cache that fills them
+/// when the slots are fewer than the experts.
+struct LayerExperts {
     gate: ExpertStack,
     up: ExpertStack,
     down: ExpertStack,
+    cache: Option<LayerCache>,
+    /// MoE layer index (counters).
+    moe_index: usize,
     n_expert: usize,
     k: usize,
     norm_topk: bool,
+}
+
+/// Pre-gating: the next MoE layer's router applied to this layer's input
+/// (its logits are one more part of this layer's router projection), its
+/// top-k prefetched on the side stream.
+struct Prefetch {
+    next: Arc<LayerExperts>,
+    part: usize,
+    experts: CudaSlice<u32>,
+    w: CudaSlice<f32>,
+    slots: CudaSlice<u32>,
+}
+
+struct MoeOp {
+    /// router logits | shared-expert gate logit (when there is one) | the
+    /// next MoE layer's router logits (pre-gating).
+    router: Proj,
+    /// The weights of the parts of `router` (to restack it).
+    router_parts: Vec<Weight>,
+    x: Arc<LayerExperts>,
+    prefetch: Option<Prefetch>,
+    fetch_blocks: (u32, u32),
     slots: CudaSlice<u32>,
     experts: CudaSlice<u32>,
     w: CudaSlice<f32>,
@@ -299,7 +338,7 @@ impl FfnOp {
 }
 
 impl Op {
-    fn run(&mut self, gpu: &Gpu, b: &mut Bufs) -> Result<()> {
+    fn run(&mut self, gpu: &Gpu, b: &mut Bufs, cap: &mut Capture) -> Result<()> {
         let d = b.x.len();
         match self {
             Op::Norm { w, eps, add_mix } => {
@@ -378,44 +417,95 @@ impl Op {
             }
             Op::Moe(m) => {
                 let hq = b.hq.as_ref();
+                let x = m.x.clone();
                 m.router.run(gpu, &b.h, hq)?;
-                let (logits, l0) = m.router.part(0);
-                ensure!(l0 == 0, "router logits must start their buffer");
+                // The previous layer's prefetch into this layer's slots.
+                let wait = cap.pending.take();
+                if let Some(p) = &m.prefetch {
+                    let side = cap.side;
+                    let ev = gpu.stream.record_event(None)?;
+                    side.stream.wait(&ev)?;
+                    cap.events.push(ev);
+                    let nx = &p.next;
+                    ops::router_topk(
+                        side,
+                        m.router.part(p.part),
+                        nx.n_expert,
+                        nx.k,
+                        nx.norm_topk,
+                        None,
+                        &p.slots,
+                        &p.experts,
+                        &p.w,
+                    )?;
+                    let c = nx
+                        .cache
+                        .as_ref()
+                        .context("prefetch into a layer without a cache")?;
+                    c.plan(
+                        side,
+                        &p.experts,
+                        nx.k,
+                        &b.pos,
+                        true,
+                        &p.slots,
+                        (&b.counters, 4 * nx.moe_index),
+                    )?;
+                    c.fetch(side, true, [&nx.gate, &nx.up, &nx.down], m.fetch_blocks.1)?;
+                    cap.pending = Some(side.stream.record_event(None)?);
+                }
                 ops::router_topk(
                     gpu,
-                    logits,
-                    m.n_expert,
-                    m.k,
-                    m.norm_topk,
+                    m.router.part(0),
+                    x.n_expert,
+                    x.k,
+                    x.norm_topk,
                     None,
                     &m.slots,
                     &m.experts,
                     &m.w,
                 )?;
-                let ff = m.gate.rows;
-                let kf = m.k * ff;
+                if let Some(c) = &x.cache {
+                    if let Some(ev) = wait {
+                        gpu.stream.wait(&ev)?;
+                        cap.events.push(ev);
+                    }
+                    c.plan(
+                        gpu,
+                        &m.experts,
+                        x.k,
+                        &b.pos,
+                        false,
+                        &m.slots,
+                        (&b.counters, 4 * x.moe_index),
+                    )?;
+                    c.fetch(gpu, false, [&x.gate, &x.up, &x.down], m.fetch_blocks.0)?;
+                }
+                let k = x.k;
+                let ff = x.gate.rows;
+                let kf = k * ff;
                 match (&mut m.ygu, hq) {
                     (Some(ygu), Some(hq)) => {
                         ExpertStack::gemv_gate_up_q8(
-                            &m.gate, &m.up, gpu, &m.slots, m.k, hq, ygu, DEFAULT_NR,
+                            &x.gate, &x.up, gpu, &m.slots, k, hq, ygu, DEFAULT_NR,
                         )?;
                         ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, m.actq.as_ref(), kf)?;
                     }
                     _ => {
-                        m.gate
-                            .gemv(gpu, &m.slots, m.k, &b.h, 0, &mut m.yg, DEFAULT_NR)?;
-                        m.up.gemv(gpu, &m.slots, m.k, &b.h, 0, &mut m.yu, DEFAULT_NR)?;
+                        x.gate
+                            .gemv(gpu, &m.slots, k, &b.h, 0, &mut m.yg, DEFAULT_NR)?;
+                        x.up.gemv(gpu, &m.slots, k, &b.h, 0, &mut m.yu, DEFAULT_NR)?;
                         ops::swiglu(gpu, (&m.yg, 0), (&m.yu, 0), &m.yg, m.actq.as_ref(), kf)?;
                     }
                 }
                 match &m.actq {
                     Some(q) => {
-                        m.down
-                            .gemv_q8(gpu, &m.slots, m.k, q, ff, &mut m.yd, DEFAULT_NR)?;
+                        x.down
+                            .gemv_q8(gpu, &m.slots, k, q, ff, &mut m.yd, DEFAULT_NR)?;
                     }
-                    None => m
+                    None => x
                         .down
-                        .gemv(gpu, &m.slots, m.k, &m.yg, ff, &mut m.yd, DEFAULT_NR)?,
+                        .gemv(gpu, &m.slots, k, &m.yg, ff, &mut m.yd, DEFAULT_NR)?,
                 }
                 if let Some(s) = &mut m.shared {
                     s.run(gpu, &b.h, hq)?;
@@ -432,7 +522,7 @@ impl Op {
                     &b.x,
                     &m.yd,
                     &m.w,
-                    m.k,
+                    x.k,
                     d,
                     m.shared.as_ref().map(|s| &s.out),
                     m.has_shared_gate.then(|| m.router.part(1)),
@@ -474,6 +564,8 @@ struct Builder<'a> {
     ctx: usize,
     nsplit: Option<usize>,
     int8: bool,
+    cache: Option<ExpertCacheOptions>,
+    n_moe: usize,
     ops: Vec<Op>,
     embd: Option<Weight>,
     n_vocab: usize,
@@ -561,9 +653,30 @@ impl Builder<'_> {
     fn moe(&mut self, w: &MoeWeights) -> Result<Op> {
         let (gpu, f) = (self.gpu, self.file);
         let (e, ff, k) = (w.n_expert, w.ff, w.n_used);
-        let stack = |t: &Weight, rows_total: usize, row0: usize, rows: usize| {
-            ExpertStack::from_gguf(gpu, t.ty, rows_total, row0, rows, t.cols(), e, t.bytes(f))
-                .with_context(|| format!("uploading {}", t.name))
+        let cache = self.cache.filter(|c| c.slots_per_layer < e);
+        let slots = cache.map_or(e, |c| c.slots_per_layer);
+        let mut hosts = Vec::new();
+        let mut stack = |t: &Weight, rows_total: usize, row0: usize, rows: usize| {
+            let ctx = || format!("uploading {}", t.name);
+            if cache.is_some() {
+                let (st, h) = ExpertStack::cached(
+                    gpu,
+                    t.ty,
+                    rows_total,
+                    row0,
+                    rows,
+                    t.cols(),
+                    e,
+                    t.bytes(f),
+                    slots,
+                )
+                .with_context(ctx)?;
+                hosts.push(h);
+                Ok::<_, CudaError>(st)
+            } else {
+                ExpertStack::from_gguf(gpu, t.ty, rows_total, row0, rows, t.cols(), e, t.bytes(f))
+                    .with_context(ctx)
+            }
         };
         let (gate, up) = match &w.gate_up {
             ExpertsGateUp::Separate { gate, up } => {
@@ -572,39 +685,77 @@ impl Builder<'_> {
             ExpertsGateUp::Merged(gu) => (stack(gu, 2 * ff, 0, ff)?, stack(gu, 2 * ff, ff, ff)?),
         };
         let down = stack(&w.down, w.down.rows() / e, 0, w.down.rows() / e)?;
+        let layer_cache = match (cache, <[_; 3]>::try_from(hosts)) {
+            (Some(_), Ok(h)) => Some(LayerCache::new(gpu, e, slots, k, h)?),
+            (Some(_), Err(_)) => bail!("expert cache: three host copies expected"),
+            (None, _) => None,
+        };
         let d = down.rows;
         let shared = w
             .shared
             .as_ref()
             .map(|s| FfnOp::new(gpu, f, s, self.int8))
             .transpose()?;
-        let mut parts = vec![&w.router];
-        parts.extend(w.shared_gate.as_ref());
-        Ok(Op::Moe(Box::new(MoeOp {
-            router: Proj::new(gpu, f, &parts)?,
-            has_shared_gate: w.shared_gate.is_some(),
+        let mut parts = vec![w.router.clone()];
+        parts.extend(w.shared_gate.clone());
+        let x = Arc::new(LayerExperts {
+            gate,
+            up,
+            down,
+            cache: layer_cache,
+            moe_index: self.n_moe,
             n_expert: e,
             k,
             norm_topk: w.norm_topk,
+        });
+        self.n_moe += 1;
+        // Pre-gating: the previous MoE layer computes this layer's router
+        // logits too (one more part of its router projection).
+        if let (Some(c), true) = (cache, x.cache.is_some()) {
+            if c.pregate {
+                let prev = self.ops.iter_mut().rev().find_map(|op| match op {
+                    Op::Moe(m) => Some(m),
+                    _ => None,
+                });
+                if let Some(prev) = prev {
+                    prev.router_parts.push(w.router.clone());
+                    let refs: Vec<&Weight> = prev.router_parts.iter().collect();
+                    prev.router = Proj::new(gpu, f, &refs)?;
+                    prev.prefetch = Some(Prefetch {
+                        next: x.clone(),
+                        part: refs.len() - 1,
+                        experts: gpu.stream.alloc_zeros(k)?,
+                        w: gpu.stream.alloc_zeros(k)?,
+                        slots: gpu.stream.alloc_zeros(k)?,
+                    });
+                }
+            }
+        }
+        let refs: Vec<&Weight> = parts.iter().collect();
+        let router = Proj::new(gpu, f, &refs)?;
+        Ok(Op::Moe(Box::new(MoeOp {
+            router,
+            router_parts: parts,
+            has_shared_gate: w.shared_gate.is_some(),
+            fetch_blocks: cache.map_or((0, 0), |c| (c.fetch_blocks, c.prefetch_blocks)),
+            prefetch: None,
             slots: gpu.stream.alloc_zeros(k)?,
             experts: gpu.stream.alloc_zeros(k)?,
             w: gpu.stream.alloc_zeros(k)?,
             yg: gpu.stream.alloc_zeros(k * ff)?,
             yu: gpu.stream.alloc_zeros(k * ff)?,
             yd: gpu.stream.alloc_zeros(k * d)?,
-            ygu: if self.int8 && int8_experts(&gate) && gate.layout == up.layout {
+            ygu: if self.int8 && int8_experts(&x.gate) && x.gate.layout == x.up.layout {
                 Some(gpu.stream.alloc_zeros(2 * k * ff)?)
             } else {
                 None
             },
-            actq: if int8_experts(&down) {
+            actq: if int8_experts(&x.down) {
                 q8vec(gpu, self.int8, k * ff)?
             } else {
                 None
             },
-            gate,
-            up,
-            down,
+            x,
             shared,
             next_norm: None,
         })))
@@ -683,6 +834,34 @@ pub struct DecoderOptions {
     /// int8 activations for the formats with int8 kernels (faster; the
     /// CPU fast path's kind of rounding instead of the reference path's).
     pub int8: bool,
+    /// A bounded expert cache (None: every expert resident).
+    pub expert_cache: Option<ExpertCacheOptions>,
+}
+
+/// The bounded device expert cache ([`crate::expert_cache`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertCacheOptions {
+    /// Slots per MoE layer (at least the experts a token uses; at or above
+    /// the layer's expert count the layer is fully resident).
+    pub slots_per_layer: usize,
+    /// Prefetch the next layer's experts chosen by its router on this
+    /// layer's input.
+    pub pregate: bool,
+    /// Thread blocks of the copy of a routed miss (on the critical path),
+    /// and of a prefetch (beside compute: fewer, so compute keeps the SMs).
+    pub fetch_blocks: u32,
+    pub prefetch_blocks: u32,
+}
+
+impl ExpertCacheOptions {
+    pub fn new(slots_per_layer: usize) -> Self {
+        Self {
+            slots_per_layer,
+            pregate: true,
+            fetch_blocks: 132,
+            prefetch_blocks: 16,
+        }
+    }
 }
 
 /// One sequence decoded on the GPU, a token per graph replay.
@@ -695,6 +874,11 @@ pub struct CudaDecoder {
     row: Vec<f32>,
     pos: usize,
     ctx: usize,
+    /// Tokens run (the expert cache's clock; never reset).
+    tick: u32,
+    /// The stream pre-gating prefetches run on (a branch of the graph).
+    side: Gpu,
+    cache: Option<ExpertCacheOptions>,
     /// Device bytes of the uploaded weights and state.
     pub device_bytes: usize,
 }
@@ -715,11 +899,17 @@ impl CudaDecoder {
             ctx: opts.ctx,
             nsplit: opts.nsplit,
             int8: opts.int8,
+            cache: opts.expert_cache,
+            n_moe: 0,
             ops: Vec::new(),
             embd: None,
             n_vocab: 0,
         };
+        if let Some(c) = opts.expert_cache {
+            ensure!(c.slots_per_layer >= 1, "expert cache: no slots");
+        }
         model.arch().decode_stages(&mut b)?;
+        let n_moe = b.n_moe;
         let (ops, embd, n_vocab) = (fuse_norms(b.ops), b.embd, b.n_vocab);
         let embd = embd.context("the stages never embedded the token")?;
         let d = embd.cols();
@@ -728,10 +918,12 @@ impl CudaDecoder {
             h: gpu.stream.alloc_zeros(d)?,
             mix: gpu.stream.alloc_zeros(d)?,
             logits: gpu.stream.alloc_zeros(n_vocab)?,
-            pos: gpu.stream.alloc_zeros(1)?,
+            pos: gpu.stream.alloc_zeros(2)?,
             hq: q8vec(&gpu, opts.int8, d)?,
+            counters: gpu.stream.alloc_zeros(4 * n_moe.max(1))?,
         };
         gpu.sync()?;
+        let side = gpu.side()?;
         let (free1, _) = cudarc::driver::result::mem_get_info()?;
         let mut dec = Self {
             gpu,
@@ -742,6 +934,9 @@ impl CudaDecoder {
             embd,
             pos: 0,
             ctx: opts.ctx,
+            tick: 0,
+            side,
+            cache: opts.expert_cache,
             device_bytes: free0.saturating_sub(free1),
         };
         dec.capture()?;
@@ -754,13 +949,24 @@ impl CudaDecoder {
         gpu.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
         let mut res = Ok(());
+        let mut cap = Capture {
+            side: &self.side,
+            pending: None,
+            events: Vec::new(),
+        };
         for op in &mut self.ops {
-            res = op.run(gpu, &mut self.bufs);
+            res = op.run(gpu, &mut self.bufs, &mut cap);
             if res.is_err() {
                 break;
             }
         }
+        if res.is_ok() && cap.pending.is_some() {
+            res = Err(CudaError::Invalid(
+                "a prefetch was never joined (no MoE layer after it)".into(),
+            ));
+        }
         let graph = gpu.stream.end_capture(CUgraphInstantiate_flags(0));
+        drop(cap);
         res?;
         self.graph = Some(graph?.context("captured an empty graph")?);
         Ok(())
@@ -820,6 +1026,46 @@ impl CudaDecoder {
             .collect()
     }
 
+    /// The expert cache options in use (None: full residency).
+    pub fn expert_cache(&self) -> Option<ExpertCacheOptions> {
+        self.cache
+    }
+
+    /// Expert cache counters per MoE layer since the decoder was built
+    /// (None without a cache).
+    pub fn cache_counters(&self) -> Result<Option<Vec<CacheCounters>>> {
+        if self.cache.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(read_counters(&self.gpu, &self.bufs.counters)?))
+    }
+
+    /// Bytes of one expert (gate + up + down slot images) per MoE layer,
+    /// in layer order: what one fetch copies.
+    pub fn expert_bytes(&self) -> Vec<usize> {
+        self.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Moe(m) => Some(m.x.gate.stride + m.x.up.stride + m.x.down.stride),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Total expert cache counters and the bytes copied over PCIe.
+    pub fn cache_totals(&self) -> Result<Option<(CacheCounters, u64)>> {
+        let Some(per) = self.cache_counters()? else {
+            return Ok(None);
+        };
+        let mut t = CacheCounters::default();
+        let mut bytes = 0u64;
+        for (c, b) in per.iter().zip(self.expert_bytes()) {
+            t.add(c);
+            bytes += c.fetched() * b as u64;
+        }
+        Ok(Some((t, bytes)))
+    }
+
     /// Run `token` at the current position; returns the logits.
     pub fn step(&mut self, model: &Model, token: u32) -> Result<Vec<f32>> {
         self.launch(model, token)?;
@@ -848,8 +1094,10 @@ impl CudaDecoder {
         m.dequantize_row(token as usize, &mut self.row)?;
         let gpu = &self.gpu;
         gpu.stream.memcpy_htod(&self.row, &mut self.bufs.x)?;
+        self.tick = self.tick.checked_add(1).context("token counter overflow")?;
+        ensure!(self.tick <= i32::MAX as u32, "token counter overflow");
         gpu.stream
-            .memcpy_htod(&[self.pos as i32], &mut self.bufs.pos)?;
+            .memcpy_htod(&[self.pos as i32, self.tick as i32], &mut self.bufs.pos)?;
         self.graph.as_ref().context("no graph")?.launch()?;
         self.pos += 1;
         Ok(())

@@ -69,6 +69,25 @@ impl Gpu {
         })
     }
 
+    /// The same device and kernels on a new stream (a branch of a captured
+    /// graph: work on it joins the main stream through events).
+    pub fn side(&self) -> Result<Gpu> {
+        Ok(Self {
+            ctx: self.ctx.clone(),
+            stream: self.ctx.new_stream()?,
+            funcs: self.funcs.clone(),
+            name: self.name.clone(),
+            compile_s: 0.0,
+            sms: self.sms,
+        })
+    }
+
+    /// (free, total) bytes of device memory.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx.bind_to_thread()?;
+        Ok(cudarc::driver::result::mem_get_info()?)
+    }
+
     /// The kernel named `name`.
     pub fn func(&self, name: &str) -> Result<&CudaFunction> {
         self.funcs

@@ -325,6 +325,62 @@ pub struct ExpertStack {
     pub buf: CudaSlice<u8>,
 }
 
+/// Where the experts of a stacked GGUF tensor come from, and how one
+/// expert becomes its slot image (device layout, zero-padded to `stride`).
+struct StackSource<'a> {
+    layout: DeviceLayout,
+    ty: GgmlType,
+    stride: usize,
+    per: usize,
+    row_bytes: usize,
+    row0: usize,
+    rows: usize,
+    cols: usize,
+    gguf: &'a [u8],
+}
+
+impl<'a> StackSource<'a> {
+    fn new(
+        ty: GgmlType,
+        rows_total: usize,
+        row0: usize,
+        rows: usize,
+        cols: usize,
+        n: usize,
+        gguf: &'a [u8],
+    ) -> Result<Self> {
+        ensure!(n >= 1 && row0 + rows <= rows_total && gguf.len().is_multiple_of(n * rows_total));
+        let layout = upload_layout(ty, cols)?;
+        let per = gguf.len() / n;
+        Ok(Self {
+            stride: layout.matrix_bytes(rows, cols)?.next_multiple_of(256),
+            layout,
+            ty,
+            per,
+            row_bytes: per / rows_total,
+            row0,
+            rows,
+            cols,
+            gguf,
+        })
+    }
+
+    /// Expert `e`'s image into `dst` (`stride` bytes).
+    fn fill(&self, e: usize, dst: &mut [u8]) -> Result<()> {
+        ensure!(
+            dst.len() == self.stride,
+            "expert image: {} bytes",
+            dst.len()
+        );
+        let src =
+            &self.gguf[e * self.per + self.row0 * self.row_bytes..][..self.rows * self.row_bytes];
+        let dev = to_device_bytes(&self.layout, self.ty, src, self.rows, self.cols)?;
+        dst[..dev.len()].copy_from_slice(&dev);
+        dst[dev.len()..].fill(0);
+        Ok(())
+    }
+}
+
 impl ExpertStack {
     /// `n_slots` empty slots (zeroed).
     pub fn new(gpu: &Gpu, ty: GgmlType, rows: usize, cols: usize, n_slots: usize) -> Result<Self> {
@@ -356,25 +412,55 @@ impl ExpertStack {
         n: usize,
         gguf: &[u8],
     ) -> Result<Self> {
-        ensure!(n >= 1 && row0 + rows <= rows_total && gguf.len().is_multiple_of(n * rows_total));
-        let layout = upload_layout(ty, cols)?;
-        let stride = layout.matrix_bytes(rows, cols)?.next_multiple_of(256);
-        let per = gguf.len() / n;
-        let row_bytes = per / rows_total;
-        let mut host = vec![0u8; stride * n];
-        for e in 0..n {
-            let src = &gguf[e * per + row0 * row_bytes..][..rows * row_bytes];
-            let dev = to_device_bytes(&layout, ty, src, rows, cols)?;
-            host[e * stride..][..dev.len()].copy_from_slice(&dev);
+        let src = StackSource::new(ty, rows_total, row0, rows, cols, n, gguf)?;
+        let mut host = vec![0u8; src.stride * n];
+        for (e, dst) in host.chunks_mut(src.stride).enumerate() {
+            src.fill(e, dst)?;
         }
         Ok(Self {
-            layout,
+            layout: src.layout,
             rows,
             cols,
             n_slots: n,
-            stride,
+            stride: src.stride,
             buf: gpu.stream.clone_htod(&host)?,
         })
+    }
+
+    /// [`Self::from_gguf`] for a bounded cache: every expert goes into
+    /// pinned host memory (device layout), the stack gets `n_slots` slots
+    /// holding experts `0..n_slots`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cached(
+        gpu: &Gpu,
+        ty: GgmlType,
+        rows_total: usize,
+        row0: usize,
+        rows: usize,
+        cols: usize,
+        n: usize,
+        gguf: &[u8],
+        n_slots: usize,
+    ) -> Result<(Self, crate::expert_cache::HostExperts)> {
+        ensure!(
+            n_slots >= 1 && n_slots <= n,
+            "{n_slots} slots for {n} experts"
+        );
+        let src = StackSource::new(ty, rows_total, row0, rows, cols, n, gguf)?;
+        let host =
+            crate::expert_cache::HostExperts::new(gpu, src.stride, n, |e, dst| src.fill(e, dst))?;
+        let buf = gpu.stream.clone_htod(host.prefix(n_slots)?)?;
+        Ok((
+            Self {
+                layout: src.layout,
+                rows,
+                cols,
+                n_slots,
+                stride: src.stride,
+                buf,
+            },
+            host,
+        ))
     }
 
     /// Write one expert's GGUF-order bytes into `slot`.

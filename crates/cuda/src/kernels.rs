@@ -143,6 +143,11 @@ pub const FILES: &[KernelFile] = &[
         kernels: &["swiglu", "add_inplace", "moe_combine", "moe_combine_norm"],
     },
     KernelFile {
+        name: "expert_cache.cu",
+        source: kernel_dir!("expert_cache.cu"),
+        kernels: &["expert_plan", "expert_fetch"],
+    },
+    KernelFile {
         name: "quantize_q8.cu",
         source: kernel_dir!("quantize_q8.cu"),
         kernels: &["quantize_q8_32"],

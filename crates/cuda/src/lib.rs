@@ -36,6 +36,7 @@ pub mod bench;
 pub mod decoder;
 pub mod device;
 pub mod error;
+pub mod expert_cache;
 pub mod gemv;
 mod kernel_model;
 pub mod kernels;

@@ -456,7 +456,7 @@ pub fn gdn_step(
 #[allow(clippy::too_many_arguments)]
 pub fn router_topk(
     gpu: &Gpu,
-    logits: &CudaSlice<f32>,
+    logits: At,
     n: usize,
     k: usize,
     norm: bool,
@@ -469,10 +469,10 @@ pub fn router_topk(
         (1..=1024).contains(&n) && (1..=32).contains(&k) && k <= n,
         "router: {k} of {n} experts (device kernel: n <= 1024, k <= 32)"
     );
-    ensure!(logits.len() >= n && slots.len() >= k && experts.len() >= k && w.len() >= k);
+    ensure!(slots.len() >= k && experts.len() >= k && w.len() >= k);
     ensure!(slot_of.is_none_or(|s| s.len() >= n));
     let p: [u64; 5] = [
-        dptr(gpu, Some(logits)),
+        at_ptr(gpu, logits, n)?,
         dptr(gpu, slot_of),
         dptr(gpu, Some(slots)),
         dptr(gpu, Some(experts)),

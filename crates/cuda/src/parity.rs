@@ -2,8 +2,9 @@
 //! |Δlogit|, KL, argmax) and the greedy tokens, on any GGUF file
 //! (`redlite parity`, and the GPU test on the tiny fixtures).
 
-use crate::decoder::{CudaDecoder, DecoderOptions};
+use crate::decoder::{CudaDecoder, DecoderOptions, ExpertCacheOptions};
 use crate::error::{ensure, Result};
+use crate::expert_cache::CacheCounters;
 use crate::Gpu;
 use redlite_model::{Logits, Model};
 
@@ -115,6 +116,7 @@ pub fn parity(
             ctx,
             nsplit: None,
             int8,
+            expert_cache: None,
         },
     )?;
     let mut s = model.new_session(ctx);
@@ -170,6 +172,103 @@ pub fn parity(
         greedy_cpu: gc,
         greedy_gpu: sg,
     })
+}
+
+/// One bounded-cache run against the full-residency run of the same
+/// decoder: logits bit for bit at every step, greedy tokens identical.
+#[derive(Debug, Clone)]
+pub struct CacheRun {
+    pub slots_per_layer: usize,
+    pub pregate: bool,
+    pub steps: usize,
+    /// Steps whose logits differ in any bit.
+    pub steps_differing: usize,
+    pub greedy_equal: bool,
+    pub counters: CacheCounters,
+}
+
+impl CacheRun {
+    pub fn ok(&self) -> bool {
+        self.steps_differing == 0 && self.greedy_equal
+    }
+}
+
+/// Teacher-forced `prompt` then `n_greedy` greedy tokens; every step's
+/// logits and the greedy ids.
+fn run_decoder(
+    dec: &mut CudaDecoder,
+    model: &Model,
+    prompt: &[u32],
+    n_greedy: usize,
+) -> Result<(Vec<Vec<f32>>, Vec<u32>)> {
+    let mut all = Vec::new();
+    let mut last = Vec::new();
+    for &t in prompt {
+        last = dec.step(model, t)?;
+        all.push(last.clone());
+    }
+    let mut ids = Vec::new();
+    for _ in 0..n_greedy {
+        let t = argmax(&last) as u32;
+        ids.push(t);
+        last = dec.step(model, t)?;
+        all.push(last.clone());
+    }
+    Ok((all, ids))
+}
+
+/// The decoder with every expert resident against bounded caches of
+/// `sizes` slots per layer, each with pre-gating off and on: the output
+/// must be identical bit for bit (a cache changes where an expert's bytes
+/// sit, never the arithmetic).
+pub fn cache_sweep(
+    gpu: &Gpu,
+    model: &Model,
+    prompt: &[u32],
+    n_greedy: usize,
+    int8: bool,
+    sizes: &[usize],
+) -> Result<Vec<CacheRun>> {
+    ensure!(!prompt.is_empty(), "empty prompt");
+    let ctx = prompt.len() + n_greedy + 1;
+    let opts = |c: Option<ExpertCacheOptions>| DecoderOptions {
+        ctx,
+        nsplit: None,
+        int8,
+        expert_cache: c,
+    };
+    let mut full = CudaDecoder::new(gpu.side()?, model, &opts(None))?;
+    let (want, want_ids) = run_decoder(&mut full, model, prompt, n_greedy)?;
+    drop(full);
+    let mut out = Vec::new();
+    for &slots in sizes {
+        for pregate in [false, true] {
+            let mut c = ExpertCacheOptions::new(slots);
+            c.pregate = pregate;
+            let mut dec = CudaDecoder::new(gpu.side()?, model, &opts(Some(c)))?;
+            let (got, ids) = run_decoder(&mut dec, model, prompt, n_greedy)?;
+            let differing = want
+                .iter()
+                .zip(&got)
+                .filter(|(a, b)| {
+                    a.len() != b.len()
+                        || a.iter()
+                            .zip(b.iter())
+                            .any(|(x, y)| x.to_bits() != y.to_bits())
+                })
+                .count();
+            let counters = dec.cache_totals()?.map(|t| t.0).unwrap_or_default();
+            out.push(CacheRun {
+                slots_per_layer: slots,
+                pregate,
+                steps: want.len(),
+                steps_differing: differing,
+                greedy_equal: ids == want_ids,
+                counters,
+            });
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

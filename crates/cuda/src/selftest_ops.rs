@@ -45,6 +45,7 @@ pub fn run(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
     out.push(router(gpu, rng)?);
     out.push(elementwise(gpu, rng, &mut q8w)?);
     out.push(q8w);
+    out.extend(crate::expert_cache::selftest(gpu, rng)?);
     Ok(())
 }
 
@@ -435,7 +436,7 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             let (ld, sod) = (up(gpu, &logits)?, up(gpu, &slot_of)?);
             let (sd, ed) = (up(gpu, &vec![u32::MAX; k])?, up(gpu, &vec![u32::MAX; k])?);
             let wd = nan(gpu, k)?;
-            ops::router_topk(gpu, &ld, n, k, norm, Some(&sod), &sd, &ed, &wd)?;
+            ops::router_topk(gpu, (&ld, 0), n, k, norm, Some(&sod), &sd, &ed, &wd)?;
             let wv = down(gpu, &wd)?;
             let (sv, ev) = (gpu.stream.clone_dtoh(&sd)?, gpu.stream.clone_dtoh(&ed)?);
             let ids_ok = want.iter().zip(&ev).all(|(c, &e)| c.0 == e)

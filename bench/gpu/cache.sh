@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE: the bounded device expert cache (issue 8) in one
+# call. Logs go to $OUT (or bench/gpu/out).
+#
+# Prepare here:  cargo build --release -p redlite-cli --features cuda
+#                mkdir -p .bench-bin && strip -o .bench-bin/redlite target/release/redlite
+# Then:          run(command="bash bench/gpu/cache.sh", carry=[".bench-bin"])
+#
+# Steps (STEPS, default all, in this order):
+#   selftest  every kernel (the cache's plan and fetch kernels included)
+#   parity    the tiny fixtures: CUDA vs CPU, and every cache size against
+#             full residency, bit for bit
+#   synth     the iq2 synth file (LAYOUT) into /dev/shm
+#   same      greedy tokens and logits of the synth file: full residency vs
+#             BUDGETS_SAME device budgets, compared byte for byte
+#   budgets   decode tok/s, hit rate and PCIe bytes per token at BUDGETS
+#             (device memory; "full" = no budget), alternating, ROUNDS times
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/bench/gpu/out}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+R="${REDLITE:-$ROOT/.bench-bin/redlite}"
+[[ -x $R ]] || R="$ROOT/target/release/redlite"
+[[ -x $R ]] || { echo "no redlite binary (carry .bench-bin)"; exit 2; }
+F=tests/fixtures/qwen3next
+LAYOUT="${LAYOUT:-iq2}"
+WORK=/dev/shm/redlite-bench
+M="$WORK/synth-$LAYOUT-s0.gguf"
+mkdir -p "$WORK"
+exec > >(tee -a "$OUT/cache.log") 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+budget_args() { [[ $1 == full ]] || echo "--memory $1"; }
+fail=0
+for s in ${STEPS:-selftest parity synth same budgets}; do
+  case $s in
+    selftest) echo "== selftest"; timeout 300 "$R" selftest || fail=1 ;;
+    parity) echo "== parity (+ cache sweep)"
+      timeout 400 "$R" parity -m $F/tiny-qwen3next-f32.gguf $F/tiny-qwen3next-q8_0.gguf \
+        $F/tiny-qwen3next-q4_k_m.gguf $F/tiny-qwen3next-iq2_xxs.gguf || fail=1 ;;
+    synth)
+      [[ -f $M ]] || { echo "== synth $LAYOUT"; timeout 200 "$R" synth --layout "$LAYOUT" --seed 0 --out "$M" --threads "$(nproc)" --quiet || fail=1; } ;;
+    same)
+      ids=$(seq -s, 11 37)
+      for b in full ${BUDGETS_SAME:-8G 4G}; do
+        echo "== greedy 32, budget $b"
+        timeout 300 "$R" generate -m "$M" --device cuda --prompt-ids "$ids" -n 32 --temp 0 \
+          --ignore-eos --print-ids -c 128 --dump-logits "$WORK/logits-$b.bin" $(budget_args "$b") \
+          > "$WORK/ids-$b.json" || fail=1
+        cat "$WORK/ids-$b.json"; echo
+      done
+      for b in ${BUDGETS_SAME:-8G 4G}; do
+        if cmp -s "$WORK/logits-full.bin" "$WORK/logits-$b.bin" && cmp -s "$WORK/ids-full.json" "$WORK/ids-$b.json"; then
+          echo "budget $b: logits ($(stat -c %s "$WORK/logits-$b.bin") bytes) and greedy ids identical to full residency"
+        else
+          echo "budget $b: DIFFERS from full residency"; fail=1
+        fi
+      done ;;
+    budgets)
+      for round in $(seq "${ROUNDS:-1}"); do
+        for b in ${BUDGETS:-full 16G 8G 4G}; do
+          echo "== decode, synth $LAYOUT, budget $b, round $round"
+          timeout 300 "$R" bench model -m "$M" --device cuda -p 0 -n "${N_GEN:-64}" -r "${REPS:-3}" \
+            $(budget_args "$b") ${EXTRA:-} || fail=1
+        done
+      done ;;
+    *) echo "unknown step $s"; fail=1 ;;
+  esac
+done
+exit $fail

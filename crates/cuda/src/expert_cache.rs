@@ -1,0 +1,599 @@
+//! The bounded device expert cache (issue 8): per MoE layer a pool of
+//! expert slots in device memory, every expert in pinned host memory, and
+//! two kernels (`kernels/expert_cache.cu`) that decide hits and evictions
+//! and copy the misses on the device, inside the token's CUDA graph.
+//!
+//! Why on the device: the routing is known only on the device, mid-token.
+//! Asking the host would cut the graph at every MoE layer (a launch, a
+//! synchronisation and a small copy back, 48 times a token); instead
+//! `expert_plan` (one warp) maps the chosen experts to slots, evicting the
+//! least recently used, and `expert_fetch` reads the missing experts from
+//! their pinned host copies over PCIe into the slots. The GEMV kernels see
+//! slot indices as at full residency: no kernel change.
+//!
+//! Why per layer: each MoE layer is visited exactly once per token with
+//! the same number of experts, so one LRU over all layers would give each
+//! layer about the same share anyway; separate pools keep the plan to a
+//! scan of one layer's slots and let a prefetch for layer L+1 run beside
+//! layer L's compute without touching the slots layer L reads.
+//!
+//! Prefetch (pre-gating): layer L's router matrix is stacked with layer
+//! L+1's, so one GEMV yields L+1's router logits on L's hidden state; a
+//! side branch of the graph (its own stream, joined before L+1's plan)
+//! runs top-k on them and plans and fetches those experts while L's
+//! experts and L+1's mixer compute.
+//!
+//! [`PlanModel`] is the host statement of the plan kernel's rules: unit
+//! tests check it against eviction orders worked out by hand, and
+//! `redlite selftest` checks the kernel against it.
+
+use crate::device::Gpu;
+use crate::error::{ensure, Result};
+use crate::gemv::ExpertStack;
+use crate::ops::dptr;
+use cudarc::driver::{CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg};
+
+/// `slot_of` / `expert_in` value of an empty entry.
+pub const SLOT_NONE: u32 = u32::MAX;
+
+/// Counters of one layer (or summed): routed hits and misses, prefetches
+/// issued and prefetched experts a routed plan then used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheCounters {
+    pub hits: u64,
+    pub misses: u64,
+    pub prefetched: u64,
+    pub prefetch_used: u64,
+}
+
+impl CacheCounters {
+    pub fn add(&mut self, o: &CacheCounters) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.prefetched += o.prefetched;
+        self.prefetch_used += o.prefetch_used;
+    }
+
+    pub fn hit_rate(&self) -> f64 {
+        self.hits as f64 / (self.hits + self.misses).max(1) as f64
+    }
+
+    /// Experts copied over PCIe (routed misses and prefetches).
+    pub fn fetched(&self) -> u64 {
+        self.misses + self.prefetched
+    }
+}
+
+/// Every expert of one projection of one layer in the device layout,
+/// page-locked and mapped into the device's address space.
+pub struct HostExperts {
+    buf: PinnedHostSlice<u8>,
+    dev_ptr: u64,
+    pub stride: usize,
+    pub n: usize,
+}
+
+impl HostExperts {
+    /// `n` experts of `stride` bytes each, filled by `fill(expert, bytes)`
+    /// on several threads.
+    pub fn new(
+        gpu: &Gpu,
+        stride: usize,
+        n: usize,
+        fill: impl Fn(usize, &mut [u8]) -> Result<()> + Sync,
+    ) -> Result<Self> {
+        ensure!(
+            stride.is_multiple_of(16) && n >= 1,
+            "host experts: stride {stride}"
+        );
+        let flags = cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP
+            | cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: the memory is uninitialised after the call; every byte is
+        // written by `fill` below before anything reads it (each expert's
+        // `stride` bytes are handed to `fill` whole).
+        let mut buf = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(stride * n, flags) }?;
+        {
+            let bytes = buf.as_mut_slice()?;
+            let threads = std::thread::available_parallelism().map_or(4, |t| t.get().min(16));
+            let per = n.div_ceil(threads);
+            std::thread::scope(|s| {
+                let hs: Vec<_> = bytes
+                    .chunks_mut(per * stride)
+                    .enumerate()
+                    .map(|(ci, chunk)| {
+                        let fill = &fill;
+                        s.spawn(move || {
+                            for (j, e) in chunk.chunks_mut(stride).enumerate() {
+                                fill(ci * per + j, e)?;
+                            }
+                            Ok::<(), crate::CudaError>(())
+                        })
+                    })
+                    .collect();
+                hs.into_iter().try_for_each(|h| {
+                    h.join().map_err(|_| {
+                        crate::CudaError::Invalid("expert copy thread panicked".into())
+                    })?
+                })
+            })?;
+        }
+        let host = buf.as_ptr()? as *mut std::ffi::c_void;
+        let mut dev: cudarc::driver::sys::CUdeviceptr = 0;
+        // SAFETY: `host` was returned by cuMemHostAlloc with DEVICEMAP in
+        // this context; the call writes the device address of the same
+        // bytes into `dev`.
+        unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) }.result()?;
+        Ok(Self {
+            buf,
+            dev_ptr: dev,
+            stride,
+            n,
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.buf.num_bytes()
+    }
+
+    /// The first `n` experts' bytes (to preload slots 0..n).
+    pub fn prefix(&self, n: usize) -> Result<&[u8]> {
+        ensure!(n <= self.n, "prefix of {n} experts");
+        Ok(&self.buf.as_slice()?[..n * self.stride])
+    }
+}
+
+/// One MoE layer's slot pool state on the device.
+pub struct LayerCache {
+    pub n_slots: usize,
+    pub n_expert: usize,
+    slot_of: CudaSlice<u32>,
+    expert_in: CudaSlice<u32>,
+    stamp: CudaSlice<u32>,
+    used: CudaSlice<u32>,
+    pref: CudaSlice<u32>,
+    /// Routed plan's miss list, and the prefetch plan's.
+    miss: CudaSlice<u32>,
+    miss_pre: CudaSlice<u32>,
+    /// Experts of gate, up, down in pinned host memory.
+    pub host: [HostExperts; 3],
+}
+
+impl LayerCache {
+    /// `n_slots` slots holding experts `0..n_slots` (the stacks must have
+    /// been loaded with them, e.g. from [`HostExperts::prefix`]).
+    pub fn new(
+        gpu: &Gpu,
+        n_expert: usize,
+        n_slots: usize,
+        k: usize,
+        host: [HostExperts; 3],
+    ) -> Result<Self> {
+        ensure!(
+            n_slots >= k && n_slots <= n_expert && k <= 32,
+            "expert cache: {n_slots} slots for {k} of {n_expert} experts"
+        );
+        let slot_of: Vec<u32> = (0..n_expert)
+            .map(|e| if e < n_slots { e as u32 } else { SLOT_NONE })
+            .collect();
+        let expert_in: Vec<u32> = (0..n_slots as u32).collect();
+        let s = &gpu.stream;
+        Ok(Self {
+            n_slots,
+            n_expert,
+            slot_of: s.clone_htod(&slot_of)?,
+            expert_in: s.clone_htod(&expert_in)?,
+            stamp: s.alloc_zeros(n_slots)?,
+            used: s.alloc_zeros(n_slots)?,
+            pref: s.alloc_zeros(n_slots)?,
+            miss: s.alloc_zeros(1 + 2 * k)?,
+            miss_pre: s.alloc_zeros(1 + 2 * k)?,
+            host,
+        })
+    }
+
+    /// Map the `k` chosen `experts` to slots (routed: into `slots_out`;
+    /// prefetch: only bring them in), counting into `counters` (4 u64).
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan(
+        &self,
+        gpu: &Gpu,
+        experts: &CudaSlice<u32>,
+        k: usize,
+        clock: &CudaSlice<i32>,
+        prefetch: bool,
+        slots_out: &CudaSlice<u32>,
+        counters: (&CudaSlice<u64>, usize),
+    ) -> Result<()> {
+        ensure!(
+            experts.len() >= k
+                && slots_out.len() >= k
+                && clock.len() >= 2
+                && k <= 32
+                && k <= self.n_slots,
+            "expert_plan: buffers"
+        );
+        ensure!(counters.0.len() >= counters.1 + 4, "expert_plan: counters");
+        let miss = if prefetch { &self.miss_pre } else { &self.miss };
+        let p: [u64; 10] = [
+            dptr(gpu, Some(experts)),
+            dptr(gpu, Some(clock)),
+            dptr(gpu, Some(&self.slot_of)),
+            dptr(gpu, Some(&self.expert_in)),
+            dptr(gpu, Some(&self.stamp)),
+            dptr(gpu, Some(&self.used)),
+            dptr(gpu, Some(&self.pref)),
+            dptr(gpu, Some(slots_out)),
+            dptr(gpu, Some(miss)),
+            dptr(gpu, Some(counters.0)) + 8 * counters.1 as u64,
+        ];
+        let (k_i, n_slots, pre) = (k as i32, self.n_slots as i32, prefetch as i32);
+        let f = gpu.func("expert_plan")?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&p[0]).arg(&k_i).arg(&p[1]);
+        b.arg(&p[2]).arg(&p[3]).arg(&p[4]).arg(&p[5]).arg(&p[6]);
+        b.arg(&n_slots).arg(&pre).arg(&p[7]).arg(&p[8]).arg(&p[9]);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: expert_plan(experts[k], k, clock[2], slot_of[n_expert],
+        // expert_in[S], stamp[S], used[S], pref[S], S, prefetch,
+        // slots_out[k], miss[1 + 2k], counters[4]): every buffer holds what
+        // the kernel touches (checked above; the tables were sized in
+        // `new`); expert ids come from the router (< n_expert).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Copy the experts of the last plan's miss list (routed or prefetch)
+    /// from host memory into `stacks`' slots, on `blocks` thread blocks.
+    pub fn fetch(
+        &self,
+        gpu: &Gpu,
+        prefetch: bool,
+        stacks: [&ExpertStack; 3],
+        blocks: u32,
+    ) -> Result<()> {
+        for (h, s) in self.host.iter().zip(stacks) {
+            ensure!(
+                h.stride == s.stride && h.n == self.n_expert && s.n_slots == self.n_slots,
+                "expert_fetch: host copy and slot stack disagree"
+            );
+        }
+        let miss = dptr(
+            gpu,
+            Some(if prefetch { &self.miss_pre } else { &self.miss }),
+        );
+        let a: Vec<(u64, u64, u64)> = self
+            .host
+            .iter()
+            .zip(stacks)
+            .map(|(h, s)| (h.dev_ptr, dptr(gpu, Some(&s.buf)), h.stride as u64))
+            .collect();
+        let f = gpu.func("expert_fetch")?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&miss);
+        for (src, dst, stride) in &a {
+            b.arg(src).arg(dst).arg(stride);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (blocks.max(1), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: expert_fetch(miss, (src, dst, stride) x 3) reads miss[0]
+        // entries of (expert < n_expert, slot < n_slots) written by
+        // expert_plan, and copies `stride` bytes from src + e * stride (the
+        // mapped host copy of n_expert experts) to dst + s * stride (a stack
+        // of n_slots slots of the same stride): both checked above.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// The pool's tables, for tests: (slot_of, expert_in, stamp).
+    pub fn tables(&self, gpu: &Gpu) -> Result<(Vec<u32>, Vec<u32>, Vec<u32>)> {
+        gpu.sync()?;
+        let s = &gpu.stream;
+        Ok((
+            s.clone_dtoh(&self.slot_of)?,
+            s.clone_dtoh(&self.expert_in)?,
+            s.clone_dtoh(&self.stamp)?,
+        ))
+    }
+
+    /// The routed plan's miss list (expert, slot), for tests.
+    pub fn misses(&self, gpu: &Gpu, prefetch: bool) -> Result<Vec<(u32, u32)>> {
+        gpu.sync()?;
+        let m = gpu
+            .stream
+            .clone_dtoh(if prefetch { &self.miss_pre } else { &self.miss })?;
+        Ok((0..m[0] as usize)
+            .map(|i| (m[1 + 2 * i], m[2 + 2 * i]))
+            .collect())
+    }
+}
+
+/// Read `n_layers` layers' counters (4 u64 each) back.
+pub fn read_counters(gpu: &Gpu, c: &CudaSlice<u64>) -> Result<Vec<CacheCounters>> {
+    gpu.sync()?;
+    let v = gpu.stream.clone_dtoh(c)?;
+    Ok(v.chunks_exact(4)
+        .map(|c| CacheCounters {
+            hits: c[0],
+            misses: c[1],
+            prefetched: c[2],
+            prefetch_used: c[3],
+        })
+        .collect())
+}
+
+/// The plan kernel's rules on the host (see `kernels/expert_cache.cu`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanModel {
+    pub slot_of: Vec<u32>,
+    pub expert_in: Vec<u32>,
+    pub stamp: Vec<u32>,
+    pub used: Vec<u32>,
+    pub pref: Vec<bool>,
+    pub counters: CacheCounters,
+}
+
+impl PlanModel {
+    /// Slots 0..n_slots holding experts 0..n_slots, never used.
+    pub fn new(n_expert: usize, n_slots: usize) -> Self {
+        Self {
+            slot_of: (0..n_expert)
+                .map(|e| if e < n_slots { e as u32 } else { SLOT_NONE })
+                .collect(),
+            expert_in: (0..n_slots as u32).collect(),
+            stamp: vec![0; n_slots],
+            used: vec![0; n_slots],
+            pref: vec![false; n_slots],
+            counters: CacheCounters::default(),
+        }
+    }
+
+    /// One plan at `tick`: returns (slots of the chosen experts for a
+    /// routed plan, the miss list).
+    pub fn plan(
+        &mut self,
+        experts: &[u32],
+        tick: u32,
+        prefetch: bool,
+    ) -> (Vec<u32>, Vec<(u32, u32)>) {
+        let mut slots = vec![SLOT_NONE; experts.len()];
+        let hit: Vec<u32> = experts.iter().map(|&e| self.slot_of[e as usize]).collect();
+        for (i, &s) in hit.iter().enumerate() {
+            if s == SLOT_NONE {
+                continue;
+            }
+            let s = s as usize;
+            self.stamp[s] = tick;
+            if !prefetch {
+                self.used[s] = tick;
+                slots[i] = s as u32;
+                self.counters.hits += 1;
+                if self.pref[s] {
+                    self.pref[s] = false;
+                    self.counters.prefetch_used += 1;
+                }
+            }
+        }
+        let mut misses = Vec::new();
+        for (i, &e) in experts.iter().enumerate() {
+            if hit[i] != SLOT_NONE {
+                continue;
+            }
+            let victim = (0..self.stamp.len())
+                .filter(|&s| {
+                    if prefetch {
+                        self.stamp[s] != tick
+                    } else {
+                        self.used[s] != tick
+                    }
+                })
+                .min_by_key(|&s| (self.stamp[s], s));
+            let Some(s) = victim else { break };
+            let old = self.expert_in[s];
+            if old != SLOT_NONE {
+                self.slot_of[old as usize] = SLOT_NONE;
+            }
+            self.expert_in[s] = e;
+            self.slot_of[e as usize] = s as u32;
+            self.stamp[s] = tick;
+            if prefetch {
+                self.pref[s] = true;
+            } else {
+                self.used[s] = tick;
+                self.pref[s] = false;
+                slots[i] = s as u32;
+            }
+            misses.push((e, s as u32));
+        }
+        if prefetch {
+            self.counters.prefetched += misses.len() as u64;
+        } else {
+            self.counters.misses += misses.len() as u64;
+        }
+        (slots, misses)
+    }
+}
+
+/// `k` distinct experts of `n`, ascending (as the router writes them).
+fn pick(rng: &mut crate::testdata::Rng, n: usize, k: usize) -> Vec<u32> {
+    let mut v: Vec<u32> = Vec::with_capacity(k);
+    while v.len() < k {
+        let e = rng.below(n) as u32;
+        if !v.contains(&e) {
+            v.push(e);
+        }
+    }
+    v.sort_unstable();
+    v
+}
+
+/// `redlite selftest` rows: `expert_plan` against [`PlanModel`] (every
+/// routed slot, miss list, table and counter, over random token streams
+/// with prefetches; "abs" = mismatches), and `expert_fetch` (slot images
+/// byte-equal to the host copies; "abs" = differing bytes).
+pub fn selftest(gpu: &Gpu, rng: &mut crate::testdata::Rng) -> Result<Vec<crate::selftest::Worst>> {
+    use crate::selftest::Worst;
+    use redlite_gguf::GgmlType;
+    let mut plan_w = Worst::new("expert_plan (LRU slots, prefetch) vs the host model".into());
+    let mut fetch_w = Worst::new("expert_fetch (pinned host -> slots, byte-equal)".into());
+    // (experts, slots, k, f32 rows, cols): the 80B shape's pool sizes and
+    // small pools where every token evicts.
+    for (n, slots, k, rows, cols) in [
+        (512usize, 150usize, 10usize, 4usize, 64usize),
+        (64, 12, 8, 3, 32),
+        (16, 4, 4, 2, 32),
+        (40, 33, 6, 5, 96),
+    ] {
+        let src: Vec<Vec<u8>> = (0..3)
+            .map(|p| {
+                let r = rows + p;
+                (0..n * r * cols)
+                    .flat_map(|_| rng.uniform().to_le_bytes())
+                    .collect()
+            })
+            .collect();
+        let mut stacks = Vec::new();
+        let mut hosts = Vec::new();
+        for (p, bytes) in src.iter().enumerate() {
+            let (st, h) = ExpertStack::cached(
+                gpu,
+                GgmlType::F32,
+                rows + p,
+                0,
+                rows + p,
+                cols,
+                n,
+                bytes,
+                slots,
+            )?;
+            stacks.push(st);
+            hosts.push(h);
+        }
+        let hosts: [HostExperts; 3] = hosts
+            .try_into()
+            .map_err(|_| crate::CudaError::Invalid("three stacks".into()))?;
+        let cache = LayerCache::new(gpu, n, slots, k, hosts)?;
+        let mut model = PlanModel::new(n, slots);
+        let counters: CudaSlice<u64> = gpu.stream.alloc_zeros(4)?;
+        let mut clock: CudaSlice<i32> = gpu.stream.alloc_zeros(2)?;
+        let slots_out: CudaSlice<u32> = gpu.stream.clone_htod(&vec![SLOT_NONE; k])?;
+        let mut bad = 0usize;
+        for tick in 1..=60u32 {
+            gpu.stream.memcpy_htod(&[0i32, tick as i32], &mut clock)?;
+            // a prefetch of a half-overlapping set, then the routed plan
+            let routed = pick(rng, n.min(3 * k), k);
+            let guess = if tick % 3 == 0 {
+                pick(rng, n, k)
+            } else {
+                routed.clone()
+            };
+            for (experts, prefetch) in [(&guess, true), (&routed, false)] {
+                let ed = gpu.stream.clone_htod(experts)?;
+                cache.plan(gpu, &ed, k, &clock, prefetch, &slots_out, (&counters, 0))?;
+                cache.fetch(gpu, prefetch, [&stacks[0], &stacks[1], &stacks[2]], 7)?;
+                let (want_slots, want_miss) = model.plan(experts, tick, prefetch);
+                let got_miss = cache.misses(gpu, prefetch)?;
+                bad += (got_miss != want_miss) as usize;
+                if !prefetch {
+                    gpu.sync()?;
+                    let got = gpu.stream.clone_dtoh(&slots_out)?;
+                    bad += got.iter().zip(&want_slots).filter(|(a, b)| a != b).count();
+                }
+            }
+            plan_w.cases += 1;
+        }
+        let (slot_of, expert_in, stamp) = cache.tables(gpu)?;
+        bad += (slot_of != model.slot_of) as usize
+            + (expert_in != model.expert_in) as usize
+            + (stamp != model.stamp) as usize;
+        let c = read_counters(gpu, &counters)?;
+        bad += (c[0] != model.counters) as usize;
+        plan_w.max_abs = plan_w.max_abs.max(bad as f64);
+        plan_w.all_written &= bad == 0;
+        // Every slot's image equals its expert's host copy.
+        let mut diff = 0usize;
+        for (p, st) in stacks.iter().enumerate() {
+            gpu.sync()?;
+            let dev = gpu.stream.clone_dtoh(&st.buf)?;
+            let host = cache.host[p].prefix(n)?;
+            for (slot, &e) in model.expert_in.iter().enumerate() {
+                let a = &dev[slot * st.stride..][..st.stride];
+                let b = &host[e as usize * st.stride..][..st.stride];
+                diff += a.iter().zip(b).filter(|(x, y)| x != y).count();
+            }
+        }
+        fetch_w.cases += 1;
+        fetch_w.max_abs = fetch_w.max_abs.max(diff as f64);
+        fetch_w.all_written &= diff == 0;
+    }
+    Ok(vec![plan_w, fetch_w])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 8 experts, 3 slots (experts 0, 1, 2 preloaded, never used), k = 2.
+    /// Every expected value below is worked out by hand from the rules.
+    #[test]
+    fn lru_order_by_hand() {
+        let mut m = PlanModel::new(8, 3);
+        // tick 1: 0 hits (slot 0); 5 misses, smallest stamp among the slots
+        // not used this tick: slots 1 and 2 (stamp 0) -> slot 1.
+        let (s, miss) = m.plan(&[0, 5], 1, false);
+        assert_eq!((s, miss), (vec![0, 1], vec![(5, 1)]));
+        assert_eq!(m.slot_of[1], SLOT_NONE, "expert 1 evicted");
+        // tick 2: 6 and 7 miss: slot 2 (stamp 0) first, then the older of
+        // slots 0 and 1 (both stamp 1) -> the lower, slot 0.
+        let (s, miss) = m.plan(&[6, 7], 2, false);
+        assert_eq!(s, vec![2, 0]);
+        assert_eq!(miss, vec![(6, 2), (7, 0)]);
+        // tick 3: 5 hits (slot 1), 0 misses: slots 0 and 2 have stamp 2 ->
+        // slot 0 (expert 7 out).
+        let (s, miss) = m.plan(&[5, 0], 3, false);
+        assert_eq!((s, miss), (vec![1, 0], vec![(0, 0)]));
+        assert_eq!(m.expert_in, vec![0, 5, 6]);
+        assert_eq!(
+            m.counters,
+            CacheCounters {
+                hits: 2,
+                misses: 4,
+                prefetched: 0,
+                prefetch_used: 0
+            }
+        );
+    }
+
+    #[test]
+    fn prefetch_rules_by_hand() {
+        let mut m = PlanModel::new(8, 2);
+        // tick 1, prefetch [3, 4]: 3 -> slot 0 (stamp 0, lower), 4 -> slot
+        // 1; neither counts as a hit or a miss.
+        let (_, miss) = m.plan(&[3, 4], 1, true);
+        assert_eq!(miss, vec![(3, 0), (4, 1)]);
+        // tick 1, routed [4, 6]: 4 hits a prefetched slot (prefetch used);
+        // 6 misses and may take slot 0 (stamped this tick by the prefetch
+        // but not used by a routed expert).
+        let (s, miss) = m.plan(&[4, 6], 1, false);
+        assert_eq!((s, miss), (vec![1, 0], vec![(6, 0)]));
+        // tick 2, prefetch [1, 2, 5] into 2 slots: 1 -> slot 0 (stamps 1, 1:
+        // lower), 2 -> slot 1, 5 finds every slot stamped this tick: stop.
+        let (_, miss) = m.plan(&[1, 2, 5], 2, true);
+        assert_eq!(miss, vec![(1, 0), (2, 1)]);
+        assert_eq!(
+            m.counters,
+            CacheCounters {
+                hits: 1,
+                misses: 1,
+                prefetched: 4,
+                prefetch_used: 1
+            }
+        );
+    }
+}
