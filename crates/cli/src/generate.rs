@@ -95,6 +95,11 @@ pub struct GenerateArgs {
     /// path's math) instead of int8 activations for the int8 kernels.
     #[arg(long)]
     pub f32_activations: bool,
+    /// With --device cuda: launch every kernel with programmatic dependent
+    /// launch (PDL: a kernel may start while the previous one finishes,
+    /// hiding launch latency; docs/cuda.md).
+    #[arg(long)]
+    pub pdl: bool,
     /// Write the logits of every prompt position and every generated token as little-endian f32 (rows of n_vocab).
     #[arg(long)]
     pub dump_logits: Option<PathBuf>,
@@ -221,7 +226,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         seed,
     });
 
-    let mut session = Runner::new(&args.device, &model, ctx, args.f32_activations)?;
+    let mut session = Runner::new(&args.device, &model, ctx, args.f32_activations, args.pdl)?;
     if args.dump_trace.is_some() {
         session.enable_trace()?;
     }
@@ -354,12 +359,13 @@ enum Runner {
 }
 
 impl Runner {
-    fn new(device: &str, model: &Model, ctx: usize, f32_act: bool) -> Result<Self> {
-        let _ = f32_act;
+    fn new(device: &str, model: &Model, ctx: usize, f32_act: bool, pdl: bool) -> Result<Self> {
+        let _ = (f32_act, pdl);
         match device {
             #[cfg(feature = "cuda")]
             "cuda" => {
-                let gpu = redlite_cuda::Gpu::new(0)?;
+                let mut gpu = redlite_cuda::Gpu::new(0)?;
+                gpu.pdl = pdl;
                 let dec = redlite_cuda::decoder::CudaDecoder::new(
                     gpu,
                     model,
@@ -370,9 +376,10 @@ impl Runner {
                     },
                 )?;
                 eprintln!(
-                    "redlite: cuda: {}, {:.1} GiB on the device",
+                    "redlite: cuda: {}, {:.1} GiB on the device{}",
                     dec.gpu().name,
-                    dec.device_bytes as f64 / (1u64 << 30) as f64
+                    dec.device_bytes as f64 / (1u64 << 30) as f64,
+                    if pdl { ", PDL launches" } else { "" }
                 );
                 Ok(Runner::Cuda(Box::new(dec)))
             }
