@@ -36,6 +36,17 @@ LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
 n_cu=$(ls crates/cuda/kernels/*.cu | wc -l)
 n_ptx=$(ls "$out"/*.ptx | wc -l)
 [ "$n_cu" = "$n_ptx" ] || { echo "ERROR: $n_cu .cu files but $n_ptx PTX files" >&2; exit 1; }
+echo "==> PDL: one griddepcontrol.wait per kernel entry"
+for p in "$out"/*.ptx; do
+  # --pdl is only correct if every kernel waits for its predecessor
+  # (PDL_PROLOGUE in common.cuh); count in the PTX, after macro expansion.
+  n_entry=$(grep -c '\.entry ' "$p" || true)
+  n_wait=$(grep -c 'griddepcontrol\.wait' "$p" || true)
+  [ "$n_entry" = "$n_wait" ] || {
+    echo "ERROR: $(basename "$p"): $n_entry kernels but $n_wait griddepcontrol.wait" >&2
+    exit 1
+  }
+done
 echo "==> ptxas -arch=sm_90"
 for p in "$out"/*.ptx; do
   "$ptxas" -arch=sm_90 -v "$p" -o "${p%.ptx}.cubin" 2>&1 |

@@ -134,7 +134,8 @@ pub fn results(
         .map(|&(p, n, d)| d + p + n + 2)
         .max()
         .unwrap_or(1);
-    let gpu = Gpu::new(0)?;
+    let mut gpu = Gpu::new(0)?;
+    gpu.pdl = args.pdl;
     let (cache, plan_line) = device_plan(&gpu, model, &args.mem, need)?;
     eprintln!("redlite: {plan_line}");
     let t0 = Instant::now();
@@ -149,9 +150,10 @@ pub fn results(
         },
     )?;
     eprintln!(
-        "redlite bench: cuda: {} | {} activations | {} stages per token in one graph | {:.1} GiB on the device | set up in {:.1} s",
+        "redlite bench: cuda: {} | {} activations | {} launches | {} stages per token in one graph | {:.1} GiB on the device | set up in {:.1} s",
         dec.gpu().name,
         if args.f32_activations { "f32" } else { "int8" },
+        if args.pdl { "PDL" } else { "plain" },
         dec.n_ops(),
         dec.device_bytes as f64 / (1u64 << 30) as f64,
         t0.elapsed().as_secs_f64()
@@ -217,6 +219,7 @@ pub fn parity_cli(
     n_prompt: usize,
     n_greedy: usize,
     kl_max: f64,
+    pdl: bool,
 ) -> Result<()> {
     // Read once by the model crate: set before any model runs.
     std::env::set_var("REDLITE_REFERENCE", "f32");
@@ -236,7 +239,9 @@ pub fn parity_cli(
         ];
         for (reference, label) in rows {
             model.set_reference(reference);
-            let p = parity(Gpu::new(0)?, &model, &prompt, n_greedy, !reference)?;
+            let mut gpu = Gpu::new(0)?;
+            gpu.pdl = pdl;
+            let p = parity(gpu, &model, &prompt, n_greedy, !reference)?;
             let ok = p.ok(kl_max);
             if reference {
                 all &= ok;

@@ -95,6 +95,11 @@ pub struct GenerateArgs {
     /// path's math) instead of int8 activations for the int8 kernels.
     #[arg(long)]
     pub f32_activations: bool,
+    /// With --device cuda: launch every kernel with programmatic dependent
+    /// launch (PDL: a kernel may start while the previous one finishes,
+    /// hiding launch latency; docs/cuda.md).
+    #[arg(long)]
+    pub pdl: bool,
     /// Write the logits of every prompt position and every generated token as little-endian f32 (rows of n_vocab).
     #[arg(long)]
     pub dump_logits: Option<PathBuf>,
@@ -223,7 +228,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         seed,
     });
 
-    let mut session = Runner::new(&args.device, &model, ctx, args.f32_activations, &args.mem)?;
+    let mut session = Runner::new(
+        &args.device,
+        &model,
+        ctx,
+        args.f32_activations,
+        args.pdl,
+        &args.mem,
+    )?;
     if args.dump_trace.is_some() {
         session.enable_trace()?;
     }
@@ -361,13 +373,15 @@ impl Runner {
         model: &Model,
         ctx: usize,
         f32_act: bool,
+        pdl: bool,
         mem: &crate::residency::MemoryArgs,
     ) -> Result<Self> {
-        let _ = (f32_act, mem);
+        let _ = (f32_act, pdl, mem);
         match device {
             #[cfg(feature = "cuda")]
             "cuda" => {
-                let gpu = redlite_cuda::Gpu::new(0)?;
+                let mut gpu = redlite_cuda::Gpu::new(0)?;
+                gpu.pdl = pdl;
                 let (cache, line) = crate::cudabench::device_plan(&gpu, model, mem, ctx)?;
                 eprintln!("redlite: {line}");
                 let dec = redlite_cuda::decoder::CudaDecoder::new(
@@ -381,9 +395,10 @@ impl Runner {
                     },
                 )?;
                 eprintln!(
-                    "redlite: cuda: {}, {:.1} GiB on the device",
+                    "redlite: cuda: {}, {:.1} GiB on the device{}",
                     dec.gpu().name,
-                    dec.device_bytes as f64 / (1u64 << 30) as f64
+                    dec.device_bytes as f64 / (1u64 << 30) as f64,
+                    if pdl { ", PDL launches" } else { "" }
                 );
                 Ok(Runner::Cuda(Box::new(dec)))
             }

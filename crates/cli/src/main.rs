@@ -47,7 +47,11 @@ enum Command {
     Synth(redlite_synth::cli::SynthArgs),
     /// CUDA kernel self-test: every kernel against a float64 CPU reference (needs a GPU).
     #[cfg(feature = "cuda")]
-    Selftest,
+    Selftest {
+        /// Launch the kernels with programmatic dependent launch (PDL, docs/cuda.md).
+        #[arg(long)]
+        pdl: bool,
+    },
     /// CUDA decoder against the CPU engine on GGUF files: logits at every step (argmax, KL, max |dlogit|) and greedy tokens (needs a GPU).
     #[cfg(feature = "cuda")]
     Parity {
@@ -63,6 +67,9 @@ enum Command {
         /// KL gate (per step, CPU || GPU).
         #[arg(long, default_value_t = 1e-4)]
         kl_max: f64,
+        /// Launch the decoder's kernels with programmatic dependent launch (PDL, docs/cuda.md).
+        #[arg(long)]
+        pdl: bool,
     },
     /// Benchmarks.
     Bench {
@@ -99,6 +106,9 @@ enum BenchCommand {
         /// Only the decode kernels other than the GEMVs (attention, DeltaNet step).
         #[arg(long)]
         decode_only: bool,
+        /// Launch the kernels with programmatic dependent launch (PDL, docs/cuda.md).
+        #[arg(long)]
+        pdl: bool,
     },
 }
 
@@ -131,18 +141,19 @@ fn main() -> Result<()> {
         Command::Serve(args) => redlite_server::run(args)?,
         Command::Synth(args) => redlite_synth::cli::run(args)?,
         #[cfg(feature = "cuda")]
-        Command::Selftest => redlite_cuda::selftest_cli()?,
+        Command::Selftest { pdl } => redlite_cuda::selftest_cli(pdl)?,
         #[cfg(feature = "cuda")]
         Command::Parity {
             model,
             n_prompt,
             n_greedy,
             kl_max,
-        } => redlite_cli::cudabench::parity_cli(&model, n_prompt, n_greedy, kl_max)?,
+            pdl,
+        } => redlite_cli::cudabench::parity_cli(&model, n_prompt, n_greedy, kl_max, pdl)?,
         #[cfg(feature = "cuda")]
         Command::Bench {
-            what: BenchCommand::Kernels { decode_only },
-        } => redlite_cuda::bench_cli(decode_only)?,
+            what: BenchCommand::Kernels { decode_only, pdl },
+        } => redlite_cuda::bench_cli(decode_only, pdl)?,
         Command::Tokenize {
             model,
             no_special,

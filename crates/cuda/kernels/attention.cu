@@ -209,6 +209,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
                                   const float* __restrict__ vc, const int* __restrict__ pos_p,  \
                                   float* __restrict__ part_o, float* __restrict__ part_ml,      \
                                   int n_head, int n_kv, int nsplit, float scale) {              \
+        PDL_PROLOGUE();                                                                         \
         attn_split_body<GB, DPL>(q, kc, vc, pos_p, part_o, part_ml, n_head, n_kv, nsplit,       \
                                  scale);                                                         \
     }
@@ -236,6 +237,7 @@ extern "C" __global__ void __launch_bounds__(256)
     attn_merge(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                const float* __restrict__ gate, int gate_stride, float* __restrict__ out,
                signed char* __restrict__ q8, float* __restrict__ q8d, int nsplit, int hd) {
+    PDL_PROLOGUE();
     __shared__ float red[256];
     __shared__ float sacc[4][64], sl[4][64];
     const int h = blockIdx.x, t = threadIdx.x;

@@ -20,6 +20,7 @@ extern "C" __global__ void __launch_bounds__(256)
               const float* __restrict__ k_norm, const double* __restrict__ inv_freq, int n_rot,
               const int* __restrict__ pos_p, float* __restrict__ q_out, float* __restrict__ k_cache,
               float* __restrict__ v_cache, int n_head, int n_kv, int hd, int gated, float eps) {
+    PDL_PROLOGUE();
     __shared__ double scratch[32];
     __shared__ float buf[PREP_MAX_HD];
     const int b = blockIdx.x;

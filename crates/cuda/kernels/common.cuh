@@ -7,6 +7,34 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+// Programmatic dependent launch (PDL, sm_90). When the host launches a
+// kernel with the programmatic-stream-serialization attribute (`--pdl`),
+// the GPU may start it while the previous kernel of the stream still runs,
+// hiding the launch latency between the ~770 dependent kernels of a token.
+// `griddepcontrol.wait` then blocks until the previous grid has completed
+// and its writes are visible, so it must come before any global memory
+// access; `griddepcontrol.launch_dependents` lets the next kernel be
+// scheduled as soon as every block of this one has issued it. Both are
+// no-ops for launches without the attribute. PTX, not the CUDA intrinsics:
+// NVRTC here has no CUDA headers.
+__device__ __forceinline__ void pdl_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;");
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// First statement of every `extern "C" __global__` kernel. Trigger first:
+// the dependent grid is only launched, it still waits for this grid's
+// completion in its own prologue, so triggering early costs no correctness
+// and gives the most overlap. Every kernel must wait (not only those that
+// read a predecessor's output): a kernel that skips the wait could finish
+// before its predecessor, breaking the completion chain the kernels after
+// it rely on.
+#define PDL_PROLOGUE()            \
+    do {                          \
+        pdl_launch_dependents();  \
+        pdl_wait();               \
+    } while (0)
+
 // No math headers under NVRTC: infinity by its bits.
 #define INFINITY __int_as_float(0x7f800000)
 

@@ -38,6 +38,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
              float* __restrict__ state, float* __restrict__ out, signed char* __restrict__ q8,
              float* __restrict__ q8d, const int* __restrict__ pos_p,
              int n_k, int n_v, int dk, int dv, int K, float eps, float l2_eps) {
+    PDL_PROLOGUE();
     __shared__ double scratch[32], scratch2[64];
     __shared__ float sq[256], sk[256], sv[512], red[GDN_THREADS], sdelta[512];
     const int h = blockIdx.x, t = threadIdx.x;

@@ -13,6 +13,7 @@
 extern "C" __global__ void __launch_bounds__(256)
     swiglu(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out,
            signed char* __restrict__ q, float* __restrict__ qd, int n) {
+    PDL_PROLOGUE();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // whole warps when q is given (n % 32 == 0)
     const float v = __fmul_rn(silu_f(g[i]), u[i]);
@@ -22,6 +23,7 @@ extern "C" __global__ void __launch_bounds__(256)
 
 extern "C" __global__ void __launch_bounds__(256)
     add_inplace(float* __restrict__ x, const float* __restrict__ y, int n) {
+    PDL_PROLOGUE();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __fadd_rn(x[i], y[i]);
 }
@@ -29,6 +31,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(float* __restrict__ x, const float* __restrict__ ys, const float* __restrict__ w,
                 int k, int d, const float* __restrict__ sh, const float* __restrict__ sh_logit) {
+    PDL_PROLOGUE();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= d) return;
     float acc = 0.0f;
@@ -50,6 +53,7 @@ extern "C" __global__ void __launch_bounds__(1024)
                      const float* __restrict__ sh_logit, const float* __restrict__ norm_w,
                      float eps, float* __restrict__ h, signed char* __restrict__ q,
                      float* __restrict__ qd) {
+    PDL_PROLOGUE();
     __shared__ double scratch[32];
     const float s_sh = sh && sh_logit ? sigmoid_f(*sh_logit) : 1.0f;
     double ss = 0.0;

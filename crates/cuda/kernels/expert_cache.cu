@@ -33,6 +33,7 @@ extern "C" __global__ void __launch_bounds__(32)
                 u32* slot_of, u32* expert_in, volatile u32* stamp, volatile u32* used, u32* pref,
                 int n_slots, int prefetch, u32* __restrict__ slots_out,
                 u32* __restrict__ miss, unsigned long long* __restrict__ counters) {
+    PDL_PROLOGUE();
     const int lane = threadIdx.x;
     const u32 tick = (u32)clock[1];
     __shared__ u32 chosen[32];
@@ -120,6 +121,7 @@ extern "C" __global__ void __launch_bounds__(256)
     expert_fetch(const u32* __restrict__ miss, const u8* src0, u8* dst0, u64 stride0,
                  const u8* src1, u8* dst1, u64 stride1, const u8* src2, u8* dst2,
                  u64 stride2) {
+    PDL_PROLOGUE();
     const FetchProj p0 = {src0, dst0, stride0}, p1 = {src1, dst1, stride1},
                     p2 = {src2, dst2, stride2};
     const u32 n = miss[0];

@@ -90,6 +90,7 @@ __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, u64 mat_byte
         NAME(const u8* __restrict__ w, u64 mat_bytes, const u32* __restrict__ slots,        \
              const float* __restrict__ x, long long x_stride, float* __restrict__ y,        \
              int rows, int nb) {                                                            \
+        PDL_PROLOGUE();                                                                     \
         gemv_body<T, NR, U>(w, mat_bytes, slots, x, x_stride, y, rows, nb);                   \
     }
 

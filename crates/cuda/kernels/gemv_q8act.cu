@@ -287,6 +287,7 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
              const u32* __restrict__ slots, const signed char* __restrict__ xq,                 \
              const float* __restrict__ xd, long long x_stride, float* __restrict__ y, int rows, \
              int nb) {                                                                          \
+        PDL_PROLOGUE();                                                                         \
         gemv_q8_body<T, NR, SG>(w0, w1, n_first, mat_bytes, slots, xq, xd, x_stride, y, rows,  \
                                 nb);                                                            \
     }

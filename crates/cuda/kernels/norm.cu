@@ -17,6 +17,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     rms_norm(float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ w,
              float* __restrict__ out, signed char* __restrict__ q, float* __restrict__ qd, int d,
              float eps, int add_one) {
+    PDL_PROLOGUE();
     __shared__ double scratch[32];
     const long long row = blockIdx.x;
     x += row * d;

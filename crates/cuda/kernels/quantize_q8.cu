@@ -9,6 +9,7 @@
 extern "C" __global__ void __launch_bounds__(256)
     quantize_q8_32(const float* __restrict__ x, signed char* __restrict__ q,
                    float* __restrict__ d, int n) {
+    PDL_PROLOGUE();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if ((i & ~31) >= n) return;  // whole warps only (n % 32 == 0)
     const float v = x[i];

@@ -16,6 +16,7 @@ extern "C" __global__ void __launch_bounds__(32)
     router_topk(const float* __restrict__ logits, int n, int k, int norm,
                 const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
                 u32* __restrict__ experts_out, float* __restrict__ w_out) {
+    PDL_PROLOGUE();
     const int lane = threadIdx.x;
     float v[ROUTER_PER_LANE];
     float mx = -INFINITY;

@@ -2,8 +2,9 @@
 
 use crate::error::{Context, CudaError, Result};
 use crate::kernels;
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig};
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::Arc;
 
 /// One GPU with every kernel of [`kernels::FILES`] loaded.
@@ -17,6 +18,30 @@ pub struct Gpu {
     pub compile_s: f64,
     /// Streaming multiprocessors (sizes the split of decode attention).
     pub sms: usize,
+    /// Launch every kernel with programmatic dependent launch (PDL): the
+    /// next kernel of the stream may be scheduled while the previous one
+    /// still runs, hiding the launch latency between dependent kernels
+    /// (the kernels wait for their predecessor in `PDL_PROLOGUE`, see
+    /// `kernels/common.cuh`). Off by default; the CLI's `--pdl` sets it.
+    /// Read at launch time, so it must be set before a decoder records
+    /// its graph.
+    pub pdl: bool,
+}
+
+/// A kernel argument passed by value: a scalar or a raw device address
+/// (`u64`). Device buffers are passed as addresses, never as `CudaSlice`:
+/// with one stream and event tracking off there is nothing for cudarc's
+/// per-buffer bookkeeping to do.
+pub trait KernelArg {
+    /// The address of the value, as the driver's parameter array holds it.
+    fn param(&self) -> *mut c_void;
+}
+
+impl<T: DeviceRepr> KernelArg for T {
+    fn param(&self) -> *mut c_void {
+        // The driver only reads through it (it copies the value at launch).
+        self as *const T as *mut c_void
+    }
 }
 
 impl Gpu {
@@ -66,6 +91,7 @@ impl Gpu {
             name,
             compile_s: t.elapsed().as_secs_f64(),
             sms,
+            pdl: false,
         })
     }
 
@@ -79,6 +105,7 @@ impl Gpu {
             name: self.name.clone(),
             compile_s: 0.0,
             sms: self.sms,
+            pdl: self.pdl,
         })
     }
 
@@ -93,6 +120,74 @@ impl Gpu {
         self.funcs
             .get(name)
             .ok_or_else(|| CudaError::Invalid(format!("no kernel {name:?} loaded")))
+    }
+
+    /// Launch kernel `name` on the stream: the one launch path of every
+    /// kernel of this crate (ops and GEMVs), so `pdl` applies to all of
+    /// them. Without `pdl` it is the plain `cuLaunchKernel` that cudarc's
+    /// `LaunchArgs::launch` issues; with it `cuLaunchKernelEx` with the
+    /// programmatic-stream-serialization attribute.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list in order and type, and
+    /// every address must point at a live buffer large enough for what the
+    /// kernel reads and writes with these sizes and this grid.
+    pub unsafe fn launch(
+        &self,
+        name: &str,
+        cfg: LaunchConfig,
+        args: &[&dyn KernelArg],
+    ) -> Result<()> {
+        let f = self.func(name)?.cu_function();
+        // The driver API acts on the thread's current context.
+        self.ctx.bind_to_thread()?;
+        // Pointers to the argument values, which outlive this call; the
+        // driver copies the values before it returns.
+        let mut params: Vec<*mut c_void> = args.iter().map(|a| a.param()).collect();
+        let stream = self.stream.cu_stream();
+        if !self.pdl {
+            // SAFETY: `f` is a function of a module `self` keeps loaded,
+            // `stream` is this context's live stream, and `params` holds
+            // one pointer per kernel parameter (the caller's contract).
+            unsafe {
+                cudarc::driver::result::launch_kernel(
+                    f,
+                    cfg.grid_dim,
+                    cfg.block_dim,
+                    cfg.shared_mem_bytes,
+                    stream,
+                    &mut params,
+                )
+            }?;
+            return Ok(());
+        }
+        // Writing a union field is safe; start from all zero bytes so the
+        // driver sees no stray bits around the int it reads for this id.
+        let mut value = sys::CUlaunchAttributeValue { pad: [0; 64] };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as above for `f`, `stream` and `params`; `config` and the
+        // one attribute it points at live on this frame for the call, and
+        // no `extra` array is passed (null).
+        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()?;
+        Ok(())
     }
 
     /// Wait for the stream and surface any asynchronous kernel error.

@@ -31,7 +31,7 @@ use crate::device::Gpu;
 use crate::error::{ensure, Result};
 use crate::gemv::ExpertStack;
 use crate::ops::dptr;
-use cudarc::driver::{CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PinnedHostSlice};
 
 /// `slot_of` / `expert_in` value of an empty entry.
 pub const SLOT_NONE: u32 = u32::MAX;
@@ -227,11 +227,6 @@ impl LayerCache {
             dptr(gpu, Some(counters.0)) + 8 * counters.1 as u64,
         ];
         let (k_i, n_slots, pre) = (k as i32, self.n_slots as i32, prefetch as i32);
-        let f = gpu.func("expert_plan")?;
-        let mut b = gpu.stream.launch_builder(f);
-        b.arg(&p[0]).arg(&k_i).arg(&p[1]);
-        b.arg(&p[2]).arg(&p[3]).arg(&p[4]).arg(&p[5]).arg(&p[6]);
-        b.arg(&n_slots).arg(&pre).arg(&p[7]).arg(&p[8]).arg(&p[9]);
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (32, 1, 1),
@@ -242,8 +237,16 @@ impl LayerCache {
         // slots_out[k], miss[1 + 2k], counters[4]): every buffer holds what
         // the kernel touches (checked above; the tables were sized in
         // `new`); expert ids come from the router (< n_expert).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        unsafe {
+            gpu.launch(
+                "expert_plan",
+                cfg,
+                &[
+                    &p[0], &k_i, &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &n_slots, &pre, &p[7],
+                    &p[8], &p[9],
+                ],
+            )
+        }
     }
 
     /// Copy the experts of the last plan's miss list (routed or prefetch)
@@ -271,12 +274,6 @@ impl LayerCache {
             .zip(stacks)
             .map(|(h, s)| (h.dev_ptr, dptr(gpu, Some(&s.buf)), h.stride as u64))
             .collect();
-        let f = gpu.func("expert_fetch")?;
-        let mut b = gpu.stream.launch_builder(f);
-        b.arg(&miss);
-        for (src, dst, stride) in &a {
-            b.arg(src).arg(dst).arg(stride);
-        }
         let cfg = LaunchConfig {
             grid_dim: (blocks.max(1), 1, 1),
             block_dim: (256, 1, 1),
@@ -287,8 +284,16 @@ impl LayerCache {
         // expert_plan, and copies `stride` bytes from src + e * stride (the
         // mapped host copy of n_expert experts) to dst + s * stride (a stack
         // of n_slots slots of the same stride): both checked above.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        unsafe {
+            gpu.launch(
+                "expert_fetch",
+                cfg,
+                &[
+                    &miss, &a[0].0, &a[0].1, &a[0].2, &a[1].0, &a[1].1, &a[1].2, &a[2].0, &a[2].1,
+                    &a[2].2,
+                ],
+            )
+        }
     }
 
     /// The pool's tables, for tests: (slot_of, expert_in, stamp).

@@ -3,7 +3,8 @@
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Result};
 use crate::layout::{layout, to_device_bytes, upload_layout, DeviceLayout};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use crate::ops::dptr;
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use redlite_gguf::GgmlType;
 
 /// Warps per thread block (`GEMV_WARPS` in `kernels/gemv_common.cuh`).
@@ -147,19 +148,21 @@ impl Q8Vec {
     /// Quantize the first `self.n` values of `x` (one launch).
     pub fn quantize(&mut self, gpu: &Gpu, x: &CudaSlice<f32>) -> Result<()> {
         ensure!(x.len() >= self.n, "Q8Vec::quantize: short x");
-        let f = gpu.func("quantize_q8_32")?;
         let cfg = LaunchConfig {
             grid_dim: ((self.n as u32).div_ceil(256), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let n = self.n as i32;
-        let mut b = gpu.stream.launch_builder(f);
-        b.arg(x).arg(&mut self.q).arg(&mut self.d).arg(&n);
+        let (xp, qp, dp) = (
+            dptr(gpu, Some(x)),
+            dptr(gpu, Some(&self.q)),
+            dptr(gpu, Some(&self.d)),
+        );
         // SAFETY: quantize_q8_32(const float*, i8*, float*, int) reads n
         // floats of x and writes n bytes of q and n/32 floats of d, all of
         // which the buffers hold (n % 32 == 0 checked in `new`); one stream.
-        unsafe { b.launch(cfg) }?;
+        unsafe { gpu.launch("quantize_q8_32", cfg, &[&xp, &qp, &dp, &n]) }?;
         Ok(())
     }
 }
@@ -623,7 +626,7 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
         a.n_mats
     );
     ensure!((1..=i32::MAX as usize).contains(&a.rows) && nb <= i32::MAX as usize / 4);
-    let f = gpu.func(&q8_kernel_name(a.layout.ty, a.v)?)?;
+    let name = q8_kernel_name(a.layout.ty, a.v)?;
     let spr = q8_lanes_per_row(nb * q8_chunks_per_block(a.layout.ty));
     let rows_per_block = GEMV_WARPS * a.v.nr * (32 / spr);
     let cfg = LaunchConfig {
@@ -637,19 +640,16 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
         a.x_stride as i64,
         a.n_first as i32,
     );
-    let null: u64 = 0;
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(a.w0).arg(a.w1).arg(&nf).arg(&a.mat_bytes);
-    match a.slots {
-        Some(s) => b.arg(s),
-        None => b.arg(&null),
-    };
-    b.arg(&a.x.q)
-        .arg(&a.x.d)
-        .arg(&xs)
-        .arg(y)
-        .arg(&rows_i)
-        .arg(&nb_i);
+    let (w0, w1, sp) = (
+        dptr(gpu, Some(a.w0)),
+        dptr(gpu, Some(a.w1)),
+        dptr(gpu, a.slots),
+    );
+    let (xq, xd, yp) = (
+        dptr(gpu, Some(&a.x.q)),
+        dptr(gpu, Some(&a.x.d)),
+        dptr(gpu, Some(&*y)),
+    );
     // SAFETY: the argument list matches gemv_q8act.cu (u8*, u8*, i32,
     // u64, u32* or null, i8*, f32*, i64, f32*, i32, i32). w0 holds the
     // first n_first matrices (or slots), w1 the rest, each of `mat_bytes` >=
@@ -657,7 +657,25 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
     // with a q8 kernel, checked by q8_kernel_name); the Q8Vec holds
     // (n-1)*x_stride + cols values and their scales, y n_mats*rows floats
     // (checked by the callers); one stream orders everything.
-    unsafe { b.launch(cfg) }?;
+    unsafe {
+        gpu.launch(
+            &name,
+            cfg,
+            &[
+                &w0,
+                &w1,
+                &nf,
+                &a.mat_bytes,
+                &sp,
+                &xq,
+                &xd,
+                &xs,
+                &yp,
+                &rows_i,
+                &nb_i,
+            ],
+        )
+    }?;
     Ok(())
 }
 
@@ -679,7 +697,7 @@ fn launch(
     let nb = layout.blocks_per_row(cols)?;
     ensure!((1..=65535).contains(&n_mats), "gemv: {n_mats} matrices");
     ensure!((1..=i32::MAX as usize).contains(&rows) && nb <= i32::MAX as usize);
-    let f = gpu.func(&kernel_name(layout.ty, v)?)?;
+    let name = kernel_name(layout.ty, v)?;
     let rows_per_block = GEMV_WARPS * v.nr;
     let cfg = LaunchConfig {
         grid_dim: ((rows as u32).div_ceil(rows_per_block), n_mats as u32, 1),
@@ -687,14 +705,12 @@ fn launch(
         shared_mem_bytes: 0,
     };
     let (rows_i, nb_i, xs) = (rows as i32, nb as i32, x_stride as i64);
-    let null: u64 = 0;
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(w).arg(&mat_bytes);
-    match slots {
-        Some(s) => b.arg(s),
-        None => b.arg(&null),
-    };
-    b.arg(x).arg(&xs).arg(y).arg(&rows_i).arg(&nb_i);
+    let (wp, sp, xp, yp) = (
+        dptr(gpu, Some(w)),
+        dptr(gpu, slots),
+        dptr(gpu, Some(x)),
+        dptr(gpu, Some(&*y)),
+    );
     // SAFETY: the argument list matches the kernel signature in
     // gemv_common.cuh (u8*, u64, u32* or null, f32*, i64, f32*, i32, i32);
     // the matrix buffers hold n_mats (or, with slots, every slot index the
@@ -702,6 +718,12 @@ fn launch(
     // layout the kernel reads; x holds (n_mats-1)*x_stride + cols floats and
     // y n_mats*rows floats (checked by the callers); every buffer lives on
     // `gpu.stream`, which orders this launch after their uploads.
-    unsafe { b.launch(cfg) }?;
+    unsafe {
+        gpu.launch(
+            &name,
+            cfg,
+            &[&wp, &mat_bytes, &sp, &xp, &xs, &yp, &rows_i, &nb_i],
+        )
+    }?;
     Ok(())
 }

@@ -272,6 +272,41 @@ mod tests {
         assert!(expand("#include \"nope.cuh\"").is_err());
     }
 
+    /// PDL (`Gpu::pdl`) is only correct if every kernel waits for its
+    /// predecessor before touching memory: each `__global__` definition
+    /// (in a file or in a macro of a header) must open with `PDL_PROLOGUE`.
+    #[test]
+    fn every_kernel_opens_with_the_pdl_prologue() {
+        let texts = FILES
+            .iter()
+            .map(|f| (f.name, f.source))
+            .chain(HEADERS.iter().copied());
+        let mut n = 0;
+        for (name, text) in texts {
+            let mut at = 0;
+            while let Some(i) = text[at..].find("__global__") {
+                let i = at + i;
+                at = i + 1;
+                let line_start = text[..i].rfind('\n').map_or(0, |p| p + 1);
+                if text[line_start..i].trim_start().starts_with("//") {
+                    continue;
+                }
+                let open = i + text[i..].find('{').expect("a kernel body");
+                let body =
+                    text[open + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+                assert!(
+                    body.starts_with("PDL_PROLOGUE();"),
+                    "{name}: a kernel does not start with PDL_PROLOGUE():\n{}",
+                    &text[line_start..(open + 80).min(text.len())]
+                );
+                n += 1;
+            }
+        }
+        // 13 definitions today (several are macros); a count this low means
+        // the scan itself broke.
+        assert!(n >= 13, "only {n} kernel definitions found");
+    }
+
     #[test]
     fn every_kernel_file_is_listed() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");

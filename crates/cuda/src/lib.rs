@@ -56,9 +56,11 @@ pub use gemv::{DeviceMatrix, ExpertStack};
 pub use slots::SlotTable;
 
 /// `redlite selftest`: open GPU 0, run every kernel against float64
-/// references, print the table. Errors if any kernel fails.
-pub fn selftest_cli() -> Result<()> {
-    let gpu = Gpu::new(0)?;
+/// references, print the table. Errors if any kernel fails. `pdl`: every
+/// launch with programmatic dependent launch ([`Gpu::pdl`]).
+pub fn selftest_cli(pdl: bool) -> Result<()> {
+    let mut gpu = Gpu::new(0)?;
+    gpu.pdl = pdl;
     let rows = selftest::run(&gpu, 0x2e4d_11fe)?;
     error::ensure!(selftest::print(&gpu, &rows), "CUDA selftest failed");
     Ok(())
@@ -67,9 +69,10 @@ pub fn selftest_cli() -> Result<()> {
 /// `redlite bench kernels`: copy bandwidth, then every GEMV kernel and
 /// shape at 1, 2 and 4 rows per warp, one or two chunks per step, the
 /// int8-activation kernels, decode attention and the DeltaNet step
-/// (`decode_only`: only the last two).
-pub fn bench_cli(decode_only: bool) -> Result<()> {
-    let gpu = Gpu::new(0)?;
+/// (`decode_only`: only the last two). `pdl`: as for [`selftest_cli`].
+pub fn bench_cli(decode_only: bool, pdl: bool) -> Result<()> {
+    let mut gpu = Gpu::new(0)?;
+    gpu.pdl = pdl;
     let copy = bench::copy_bandwidth(&gpu)?;
     let rows = if decode_only {
         bench::run_decode_ops(&gpu)?

@@ -11,7 +11,7 @@
 use crate::device::Gpu;
 use crate::error::{ensure, Result};
 use crate::gemv::Q8Vec;
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 
 /// The raw device address of a buffer (0 for `None`: a null pointer).
 pub fn dptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
@@ -50,34 +50,6 @@ fn cfg(grid: (u32, u32), block: u32) -> LaunchConfig {
     }
 }
 
-/// Push every argument (scalars and raw pointers, all `DeviceRepr`) and
-/// launch.
-///
-/// # Safety
-/// `args` must match the kernel's parameter list in order and type, and
-/// every pointer must address a live buffer large enough for what the
-/// kernel reads and writes with these sizes.
-unsafe fn launch(gpu: &Gpu, name: &str, c: LaunchConfig, args: &[&dyn Arg]) -> Result<()> {
-    let f = gpu.func(name)?;
-    let mut b = gpu.stream.launch_builder(f);
-    for a in args {
-        a.push(&mut b);
-    }
-    // SAFETY: the caller's contract (above).
-    unsafe { b.launch(c) }?;
-    Ok(())
-}
-
-/// A kernel argument pushed by value.
-trait Arg {
-    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
-}
-impl<T: DeviceRepr> Arg for T {
-    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
-        b.arg(self);
-    }
-}
-
 fn i32_of(n: usize) -> Result<i32> {
     ensure!(n <= i32::MAX as usize, "size {n} exceeds i32");
     Ok(n as i32)
@@ -113,8 +85,7 @@ pub fn rms_norm(
     // hold rows*d floats, w d floats, q rows*d bytes and qd rows*d/32
     // floats with d % 32 == 0 (checked above).
     unsafe {
-        launch(
-            gpu,
+        gpu.launch(
             "rms_norm",
             cfg((rows as u32, 1), block),
             &[&xp, &rp, &wp, &op, &qp, &qdp, &d_i, &eps, &one],
@@ -214,8 +185,7 @@ pub fn attn_prep(
     // above. The caller keeps *pos < ctx (the cache's positions): the
     // kernel writes position *pos of the caches.
     unsafe {
-        launch(
-            gpu,
+        gpu.launch(
             "attn_prep",
             cfg(((nh + nkv) as u32, 1), 256),
             &[
@@ -296,8 +266,7 @@ pub fn attention(
     // dividing the group (heads_per_block); the scratch holds n_head *
     // nsplit slices; the caller keeps *pos < the caches' positions.
     unsafe {
-        launch(
-            gpu,
+        gpu.launch(
             &name,
             cfg(grid, 256),
             &[
@@ -317,8 +286,7 @@ pub fn attention(
     // (query values of head 0 skipped), head h's at h*2*hd; out holds
     // n_head*hd floats (checked above).
     unsafe {
-        launch(
-            gpu,
+        gpu.launch(
             "attn_merge",
             cfg((nh as u32, (hd / 64) as u32), 256),
             &[&p[4], &p[5], &gp, &gs, &op, &qp, &qdp, &ns_i, &hd_i],
@@ -439,8 +407,7 @@ pub fn gdn_step(
     // size is checked above against the shapes, and the shapes against the
     // kernel's limits (GdnDims::check).
     unsafe {
-        launch(
-            gpu,
+        gpu.launch(
             "gdn_step",
             cfg((s.n_v as u32, 1), GDN_THREADS as u32),
             &[
@@ -482,8 +449,7 @@ pub fn router_topk(
     // SAFETY: router_topk(logits, n, k, norm, slot_of, slots_out,
     // experts_out, w_out); sizes checked above (n <= 32 * 32 lanes' worth).
     unsafe {
-        launch(
-            gpu,
+        gpu.launch(
             "router_topk",
             cfg((1, 1), 32),
             &[&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]],
@@ -512,8 +478,7 @@ pub fn swiglu(
     // their offsets, out n floats, q/qd (when given) n values with n % 32
     // == 0 (checked above).
     unsafe {
-        launch(
-            gpu,
+        gpu.launch(
             "swiglu",
             cfg(((n as u32).div_ceil(256), 1), 256),
             &[&gp, &up, &op, &qp, &qdp, &n_i],
@@ -527,8 +492,7 @@ pub fn add_inplace(gpu: &Gpu, x: &CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) 
     let (xp, yp, n_i) = (dptr(gpu, Some(x)), dptr(gpu, Some(y)), i32_of(n)?);
     // SAFETY: add_inplace(x, y, n); both hold n floats (checked above).
     unsafe {
-        launch(
-            gpu,
+        gpu.launch(
             "add_inplace",
             cfg(((n as u32).div_ceil(256), 1), 256),
             &[&xp, &yp, &n_i],
@@ -583,8 +547,7 @@ pub fn moe_combine(
         // eps, h, q, qd); x, h, norm_w hold d floats, ys k*d, w k, q/qd d
         // values with d % 32 == 0 (checked above); one block.
         return unsafe {
-            launch(
-                gpu,
+            gpu.launch(
                 "moe_combine_norm",
                 cfg((1, 1), 1024),
                 &[
@@ -595,8 +558,7 @@ pub fn moe_combine(
     }
     // SAFETY: moe_combine(x, ys, w, k, d, sh, sh_logit); sizes checked above.
     unsafe {
-        launch(
-            gpu,
+        gpu.launch(
             "moe_combine",
             cfg(((d as u32).div_ceil(256), 1), 256),
             &[&p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4]],
