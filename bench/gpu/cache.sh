@@ -13,6 +13,7 @@
 #   synth     the iq2 synth file (LAYOUT) into /dev/shm
 #   same      greedy tokens and logits of the synth file: full residency vs
 #             BUDGETS_SAME device budgets, compared byte for byte
+#             (a budget is full, a size like 8G, or 8G-file / 8G-nopre)
 #   budgets   decode tok/s, hit rate and PCIe bytes per token at BUDGETS
 #             (device memory; "full" = no budget), alternating, ROUNDS times
 set -uo pipefail
@@ -31,7 +32,16 @@ M="$WORK/synth-$LAYOUT-s0.gguf"
 mkdir -p "$WORK"
 exec > >(tee -a "$OUT/cache.log") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-budget_args() { [[ $1 == full ]] || echo "--memory $1"; }
+# A budget: "full" (no budget), or a size ("8G"), optionally "-file" (misses
+# read from the file by the host instead of pinned memory) or "-nopre"
+# (pre-gating off).
+budget_args() {
+  local b=$1 a=""
+  [[ $b == *-file ]] && { a="$a --expert-source file"; b=${b%-file}; }
+  [[ $b == *-nopre ]] && { a="$a --pregate 0"; b=${b%-nopre}; }
+  [[ $b == full ]] || a="$a --memory $b"
+  echo "$a"
+}
 fail=0
 for s in ${STEPS:-selftest parity synth same budgets}; do
   case $s in
@@ -43,14 +53,14 @@ for s in ${STEPS:-selftest parity synth same budgets}; do
       [[ -f $M ]] || { echo "== synth $LAYOUT"; timeout 200 "$R" synth --layout "$LAYOUT" --seed 0 --out "$M" --threads "$(nproc)" --quiet || fail=1; } ;;
     same)
       ids=$(seq -s, 11 37)
-      for b in full ${BUDGETS_SAME:-8G 4G}; do
+      for b in full ${BUDGETS_SAME:-8G 4G 8G-file}; do
         echo "== greedy 32, budget $b"
         timeout 300 "$R" generate -m "$M" --device cuda --prompt-ids "$ids" -n 32 --temp 0 \
           --ignore-eos --print-ids -c 128 --dump-logits "$WORK/logits-$b.bin" $(budget_args "$b") \
           > "$WORK/ids-$b.json" || fail=1
         cat "$WORK/ids-$b.json"; echo
       done
-      for b in ${BUDGETS_SAME:-8G 4G}; do
+      for b in ${BUDGETS_SAME:-8G 4G 8G-file}; do
         if cmp -s "$WORK/logits-full.bin" "$WORK/logits-$b.bin" && cmp -s "$WORK/ids-full.json" "$WORK/ids-$b.json"; then
           echo "budget $b: logits ($(stat -c %s "$WORK/logits-$b.bin") bytes) and greedy ids identical to full residency"
         else

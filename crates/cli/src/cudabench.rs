@@ -87,23 +87,39 @@ pub fn device_plan(
             let e_per_layer = moe_layers[0].n_expert as u64;
             let per_layer = (slots / n_layers).max(k).min(e_per_layer);
             let host = memory_available();
-            if let Some(a) = host {
-                ensure!(
-                    experts + (1 << 30) <= a,
-                    "device memory plan: the experts ({}) do not fit the device budget, and keeping them in pinned host memory needs {} + 1 GiB but {} is available (reading misses from the file is not implemented on the GPU)",
-                    human(experts),
-                    human(experts),
-                    human(a)
-                );
-            }
+            let pinned_fits = host.is_none_or(|a| experts + (1 << 30) <= a);
+            let from_file = match mem.expert_source.as_str() {
+                "file" => true,
+                "pinned" => {
+                    ensure!(
+                        pinned_fits,
+                        "device memory plan: --expert-source pinned needs {} + 1 GiB of RAM for the experts, but {} is available (use --expert-source file)",
+                        human(experts),
+                        human(host.unwrap_or(0))
+                    );
+                    false
+                }
+                _ => !pinned_fits,
+            };
             let mut c = ExpertCacheOptions::new(per_layer as usize);
-            c.pregate = mem.pregate.is_none_or(|n| n > 0);
+            c.from_file = from_file;
+            c.pregate = !from_file && mem.pregate.is_none_or(|n| n > 0);
+            let source = if from_file {
+                format!(
+                    "misses read from the file by the host ({} of RAM available; graph cut after each MoE layer's plan)",
+                    host.map_or("unknown".into(), human)
+                )
+            } else {
+                format!(
+                    "every expert in pinned host memory ({}), misses copied over PCIe",
+                    human(experts)
+                )
+            };
             let line = format!(
-                "{head} + expert cache {}: {per_layer} of {e_per_layer} slots per MoE layer x {n_layers} layers ({:.1}% of the experts), LRU, pre-gating {} | every expert in pinned host memory ({}), misses copied over PCIe",
+                "{head} + expert cache {}: {per_layer} of {e_per_layer} slots per MoE layer x {n_layers} layers ({:.1}% of the experts), LRU, pre-gating {} | {source}",
                 human(per_layer * n_layers * i.slot_bytes),
                 100.0 * per_layer as f64 / e_per_layer as f64,
                 if c.pregate { "on" } else { "off" },
-                human(experts),
             );
             Ok((Some(c), line))
         }
@@ -274,8 +290,8 @@ pub fn parity_cli(
     // experts) to one below full residency, pre-gating off and on, against
     // the decoder with every expert resident: identical bit for bit.
     println!();
-    println!("| file | activations | slots per layer | pre-gating | steps | steps with any logit bit different | greedy identical | hit rate | prefetched (used) | verdict |");
-    println!("|---|---|---|---|---:|---:|---|---|---|---|");
+    println!("| file | activations | slots per layer | misses from | pre-gating | steps | steps with any logit bit different | greedy identical | hit rate | prefetched (used) | verdict |");
+    println!("|---|---|---|---|---|---:|---:|---|---|---|---|");
     for path in files {
         let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(path)?);
         let mut model = Model::load(file, Default::default())?;
@@ -293,8 +309,11 @@ pub fn parity_cli(
             let sizes: Vec<usize> = (k..e).collect();
             let runs =
                 redlite_cuda::parity::cache_sweep(&gpu, &model, &prompt, n_greedy, int8, &sizes)?;
-            for pregate in [false, true] {
-                let rs: Vec<_> = runs.iter().filter(|r| r.pregate == pregate).collect();
+            for (pregate, from_file) in [(false, false), (true, false), (false, true)] {
+                let rs: Vec<_> = runs
+                    .iter()
+                    .filter(|r| r.pregate == pregate && r.from_file == from_file)
+                    .collect();
                 let ok = rs.iter().all(|r| r.ok());
                 all &= ok;
                 let hr: Vec<f64> = rs.iter().map(|r| r.counters.hit_rate()).collect();
@@ -304,9 +323,10 @@ pub fn parity_cli(
                     (a.0 + r.counters.prefetched, a.1 + r.counters.prefetch_used)
                 });
                 println!(
-                    "| {name} | {} | {k}..{} (each) | {} | {} each | {} | {}/{} | {:.1}%..{:.1}% | {pre} ({used}) | {} |",
+                    "| {name} | {} | {k}..{} (each) | {} | {} | {} each | {} | {}/{} | {:.1}%..{:.1}% | {pre} ({used}) | {} |",
                     if int8 { "int8" } else { "f32" },
                     e - 1,
+                    if from_file { "file" } else { "pinned" },
                     if pregate { "on" } else { "off" },
                     rs.first().map_or(0, |r| r.steps),
                     rs.iter().map(|r| r.steps_differing).sum::<usize>(),

@@ -34,6 +34,13 @@ pub struct MemoryArgs {
     /// uses; 0: off).
     #[arg(long)]
     pub pregate: Option<usize>,
+    /// With --device cuda and a bounded expert cache: where misses are
+    /// copied from. pinned: every expert in page-locked host memory (fast;
+    /// needs RAM for all experts); file: read from the model file by the
+    /// host (through the page cache) when RAM cannot hold them; auto:
+    /// pinned when the experts fit in the available RAM.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "pinned", "file"])]
+    pub expert_source: String,
 }
 
 /// Plan the run's memory for `ctx` positions; print the plan line; install

@@ -20,8 +20,8 @@
 
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
-use crate::expert_cache::{read_counters, CacheCounters, LayerCache};
-use crate::gemv::{DeviceMatrix, ExpertStack, Q8Vec, DEFAULT_NR, Q8_TYPES};
+use crate::expert_cache::{read_counters, CacheCounters, HostExperts, HostSet, LayerCache};
+use crate::gemv::{expert_image, DeviceMatrix, ExpertStack, Q8Vec, DEFAULT_NR, Q8_TYPES};
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
@@ -213,6 +213,23 @@ struct Prefetch {
     slots: CudaSlice<u32>,
 }
 
+/// One projection of a layer's experts in the model file.
+struct FilePart {
+    w: Weight,
+    rows_total: usize,
+    row0: usize,
+    rows: usize,
+    n: usize,
+    stride: usize,
+}
+
+/// A layer's experts in the file, and the staging buffers its misses go
+/// through (an index into the decoder's staging sets).
+struct FileExperts {
+    parts: [FilePart; 3],
+    staging: usize,
+}
+
 struct MoeOp {
     /// router logits | shared-expert gate logit (when there is one) | the
     /// next MoE layer's router logits (pre-gating).
@@ -221,6 +238,8 @@ struct MoeOp {
     router_parts: Vec<Weight>,
     x: Arc<LayerExperts>,
     prefetch: Option<Prefetch>,
+    /// With misses read from the file: where the experts lie in it.
+    file: Option<FileExperts>,
     fetch_blocks: (u32, u32),
     slots: CudaSlice<u32>,
     experts: CudaSlice<u32>,
@@ -237,6 +256,15 @@ struct MoeOp {
     /// The next stage's RMSNorm (weights, eps, whether h is also wanted as
     /// int8), fused into the combine: one launch instead of two.
     next_norm: Option<(CudaSlice<f32>, f32, bool)>,
+}
+
+/// Which part of an op to record: all of it, or (MoE) the half before
+/// the host serves cache misses from the file, or the half after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    All,
+    Head,
+    Tail,
 }
 
 /// One recorded stage.
@@ -337,9 +365,94 @@ impl FfnOp {
     }
 }
 
+impl MoeOp {
+    /// The first half of the MoE op: router (and the next layer's
+    /// pre-gating logits), the prefetch branch, top-k, and the cache plan of
+    /// the routed experts. What follows the plan (the fetch of its misses,
+    /// the expert GEMVs, the combine) is the second half; with experts read
+    /// from the file the host serves the misses between the two.
+    fn head(
+        &mut self,
+        gpu: &Gpu,
+        b: &Bufs,
+        cap: &mut Capture,
+        x: &Arc<LayerExperts>,
+    ) -> Result<()> {
+        let m = self;
+        let hq = b.hq.as_ref();
+        m.router.run(gpu, &b.h, hq)?;
+        // The previous layer's prefetch into this layer's slots.
+        let wait = cap.pending.take();
+        if let Some(p) = &m.prefetch {
+            let side = cap.side;
+            let ev = gpu.stream.record_event(None)?;
+            side.stream.wait(&ev)?;
+            cap.events.push(ev);
+            let nx = &p.next;
+            ops::router_topk(
+                side,
+                m.router.part(p.part),
+                nx.n_expert,
+                nx.k,
+                nx.norm_topk,
+                None,
+                &p.slots,
+                &p.experts,
+                &p.w,
+            )?;
+            let c = nx
+                .cache
+                .as_ref()
+                .context("prefetch into a layer without a cache")?;
+            c.plan(
+                side,
+                &p.experts,
+                nx.k,
+                &b.pos,
+                true,
+                &p.slots,
+                (&b.counters, 4 * nx.moe_index),
+            )?;
+            c.fetch(side, true, [&nx.gate, &nx.up, &nx.down], m.fetch_blocks.1)?;
+            cap.pending = Some(side.stream.record_event(None)?);
+        }
+        ops::router_topk(
+            gpu,
+            m.router.part(0),
+            x.n_expert,
+            x.k,
+            x.norm_topk,
+            None,
+            &m.slots,
+            &m.experts,
+            &m.w,
+        )?;
+        if let Some(c) = &x.cache {
+            if let Some(ev) = wait {
+                gpu.stream.wait(&ev)?;
+                cap.events.push(ev);
+            }
+            c.plan(
+                gpu,
+                &m.experts,
+                x.k,
+                &b.pos,
+                false,
+                &m.slots,
+                (&b.counters, 4 * x.moe_index),
+            )?;
+        }
+        Ok(())
+    }
+}
+
 impl Op {
-    fn run(&mut self, gpu: &Gpu, b: &mut Bufs, cap: &mut Capture) -> Result<()> {
+    fn run(&mut self, gpu: &Gpu, b: &mut Bufs, cap: &mut Capture, phase: Phase) -> Result<()> {
         let d = b.x.len();
+        ensure!(
+            phase == Phase::All || matches!(self, Op::Moe(_)),
+            "only a MoE op runs in two halves"
+        );
         match self {
             Op::Norm { w, eps, add_mix } => {
                 let res = add_mix.then_some(&b.mix);
@@ -418,67 +531,13 @@ impl Op {
             Op::Moe(m) => {
                 let hq = b.hq.as_ref();
                 let x = m.x.clone();
-                m.router.run(gpu, &b.h, hq)?;
-                // The previous layer's prefetch into this layer's slots.
-                let wait = cap.pending.take();
-                if let Some(p) = &m.prefetch {
-                    let side = cap.side;
-                    let ev = gpu.stream.record_event(None)?;
-                    side.stream.wait(&ev)?;
-                    cap.events.push(ev);
-                    let nx = &p.next;
-                    ops::router_topk(
-                        side,
-                        m.router.part(p.part),
-                        nx.n_expert,
-                        nx.k,
-                        nx.norm_topk,
-                        None,
-                        &p.slots,
-                        &p.experts,
-                        &p.w,
-                    )?;
-                    let c = nx
-                        .cache
-                        .as_ref()
-                        .context("prefetch into a layer without a cache")?;
-                    c.plan(
-                        side,
-                        &p.experts,
-                        nx.k,
-                        &b.pos,
-                        true,
-                        &p.slots,
-                        (&b.counters, 4 * nx.moe_index),
-                    )?;
-                    c.fetch(side, true, [&nx.gate, &nx.up, &nx.down], m.fetch_blocks.1)?;
-                    cap.pending = Some(side.stream.record_event(None)?);
+                if phase != Phase::Tail {
+                    m.head(gpu, b, cap, &x)?;
                 }
-                ops::router_topk(
-                    gpu,
-                    m.router.part(0),
-                    x.n_expert,
-                    x.k,
-                    x.norm_topk,
-                    None,
-                    &m.slots,
-                    &m.experts,
-                    &m.w,
-                )?;
+                if phase == Phase::Head {
+                    return Ok(());
+                }
                 if let Some(c) = &x.cache {
-                    if let Some(ev) = wait {
-                        gpu.stream.wait(&ev)?;
-                        cap.events.push(ev);
-                    }
-                    c.plan(
-                        gpu,
-                        &m.experts,
-                        x.k,
-                        &b.pos,
-                        false,
-                        &m.slots,
-                        (&b.counters, 4 * x.moe_index),
-                    )?;
                     c.fetch(gpu, false, [&x.gate, &x.up, &x.down], m.fetch_blocks.0)?;
                 }
                 let k = x.k;
@@ -566,6 +625,9 @@ struct Builder<'a> {
     int8: bool,
     cache: Option<ExpertCacheOptions>,
     n_moe: usize,
+    /// Pinned staging sets for misses read from the file, one per distinct
+    /// (gate, up, down) stride triple.
+    staging: Vec<([usize; 3], [HostExperts; 3])>,
     ops: Vec<Op>,
     embd: Option<Weight>,
     n_vocab: usize,
@@ -655,10 +717,34 @@ impl Builder<'_> {
         let (e, ff, k) = (w.n_expert, w.ff, w.n_used);
         let cache = self.cache.filter(|c| c.slots_per_layer < e);
         let slots = cache.map_or(e, |c| c.slots_per_layer);
+        let from_file = cache.is_some_and(|c| c.from_file);
         let mut hosts = Vec::new();
+        let mut fparts = Vec::new();
         let mut stack = |t: &Weight, rows_total: usize, row0: usize, rows: usize| {
             let ctx = || format!("uploading {}", t.name);
-            if cache.is_some() {
+            if from_file {
+                let st = ExpertStack::preloaded(
+                    gpu,
+                    t.ty,
+                    rows_total,
+                    row0,
+                    rows,
+                    t.cols(),
+                    e,
+                    t.bytes(f),
+                    slots,
+                )
+                .with_context(ctx)?;
+                fparts.push(FilePart {
+                    w: t.clone(),
+                    rows_total,
+                    row0,
+                    rows,
+                    n: e,
+                    stride: st.stride,
+                });
+                Ok::<_, CudaError>(st)
+            } else if cache.is_some() {
                 let (st, h) = ExpertStack::cached(
                     gpu,
                     t.ty,
@@ -685,10 +771,57 @@ impl Builder<'_> {
             ExpertsGateUp::Merged(gu) => (stack(gu, 2 * ff, 0, ff)?, stack(gu, 2 * ff, ff, ff)?),
         };
         let down = stack(&w.down, w.down.rows() / e, 0, w.down.rows() / e)?;
-        let layer_cache = match (cache, <[_; 3]>::try_from(hosts)) {
-            (Some(_), Ok(h)) => Some(LayerCache::new(gpu, e, slots, k, h)?),
-            (Some(_), Err(_)) => bail!("expert cache: three host copies expected"),
-            (None, _) => None,
+        let strides = [gate.stride, up.stride, down.stride];
+        let mut file = None;
+        let layer_cache = match cache {
+            None => None,
+            Some(_) if from_file => {
+                let at = match self.staging.iter().position(|(st, _)| *st == strides) {
+                    Some(i) => i,
+                    None => {
+                        let mk = |st: usize| {
+                            HostExperts::new(gpu, st, k, |_, d| {
+                                d.fill(0);
+                                Ok(())
+                            })
+                        };
+                        let set = [mk(strides[0])?, mk(strides[1])?, mk(strides[2])?];
+                        self.staging.push((strides, set));
+                        self.staging.len() - 1
+                    }
+                };
+                let set = &self.staging[at].1;
+                let ptrs = [
+                    (set[0].dev_ptr(), k),
+                    (set[1].dev_ptr(), k),
+                    (set[2].dev_ptr(), k),
+                ];
+                let parts: [FilePart; 3] = fparts
+                    .try_into()
+                    .map_err(|_| CudaError::Invalid("three expert projections expected".into()))?;
+                file = Some(FileExperts { parts, staging: at });
+                Some(LayerCache::new(
+                    gpu,
+                    e,
+                    slots,
+                    k,
+                    strides,
+                    HostSet::Staged(ptrs),
+                )?)
+            }
+            Some(_) => {
+                let h: [HostExperts; 3] = hosts
+                    .try_into()
+                    .map_err(|_| CudaError::Invalid("three host copies expected".into()))?;
+                Some(LayerCache::new(
+                    gpu,
+                    e,
+                    slots,
+                    k,
+                    strides,
+                    HostSet::Pinned(h),
+                )?)
+            }
         };
         let d = down.rows;
         let shared = w
@@ -712,7 +845,7 @@ impl Builder<'_> {
         // Pre-gating: the previous MoE layer computes this layer's router
         // logits too (one more part of its router projection).
         if let (Some(c), true) = (cache, x.cache.is_some()) {
-            if c.pregate {
+            if c.pregate && !c.from_file {
                 let prev = self.ops.iter_mut().rev().find_map(|op| match op {
                     Op::Moe(m) => Some(m),
                     _ => None,
@@ -739,6 +872,7 @@ impl Builder<'_> {
             has_shared_gate: w.shared_gate.is_some(),
             fetch_blocks: cache.map_or((0, 0), |c| (c.fetch_blocks, c.prefetch_blocks)),
             prefetch: None,
+            file,
             slots: gpu.stream.alloc_zeros(k)?,
             experts: gpu.stream.alloc_zeros(k)?,
             w: gpu.stream.alloc_zeros(k)?,
@@ -851,6 +985,12 @@ pub struct ExpertCacheOptions {
     /// and of a prefetch (beside compute: fewer, so compute keeps the SMs).
     pub fetch_blocks: u32,
     pub prefetch_blocks: u32,
+    /// Misses read from the model file by the host (through the page
+    /// cache) instead of every expert kept in pinned host memory: for
+    /// hosts whose RAM cannot hold the experts. The token's graph is then
+    /// cut after each MoE layer's plan so the host can serve the misses;
+    /// no pre-gating.
+    pub from_file: bool,
 }
 
 impl ExpertCacheOptions {
@@ -860,6 +1000,7 @@ impl ExpertCacheOptions {
             pregate: true,
             fetch_blocks: 132,
             prefetch_blocks: 16,
+            from_file: false,
         }
     }
 }
@@ -869,7 +1010,13 @@ pub struct CudaDecoder {
     gpu: Gpu,
     ops: Vec<Op>,
     bufs: Bufs,
-    graph: Option<CudaGraph>,
+    /// The token's graphs: one, or with experts read from the file one per
+    /// MoE layer plus one, the host serving misses between them.
+    graphs: Vec<CudaGraph>,
+    /// After graph i, the op whose misses the host serves.
+    host_points: Vec<usize>,
+    /// Staging sets of the file-read misses.
+    staging: Vec<[HostExperts; 3]>,
     embd: Weight,
     row: Vec<f32>,
     pos: usize,
@@ -901,6 +1048,7 @@ impl CudaDecoder {
             int8: opts.int8,
             cache: opts.expert_cache,
             n_moe: 0,
+            staging: Vec::new(),
             ops: Vec::new(),
             embd: None,
             n_vocab: 0,
@@ -910,6 +1058,7 @@ impl CudaDecoder {
         }
         model.arch().decode_stages(&mut b)?;
         let n_moe = b.n_moe;
+        let staging: Vec<[HostExperts; 3]> = b.staging.into_iter().map(|(_, s)| s).collect();
         let (ops, embd, n_vocab) = (fuse_norms(b.ops), b.embd, b.n_vocab);
         let embd = embd.context("the stages never embedded the token")?;
         let d = embd.cols();
@@ -929,7 +1078,9 @@ impl CudaDecoder {
             gpu,
             ops,
             bufs,
-            graph: None,
+            graphs: Vec::new(),
+            host_points: Vec::new(),
+            staging,
             row: vec![0f32; d],
             embd,
             pos: 0,
@@ -946,16 +1097,36 @@ impl CudaDecoder {
     fn capture(&mut self) -> Result<()> {
         let gpu = &self.gpu;
         gpu.sync()?;
-        gpu.stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-        let mut res = Ok(());
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        let flags = CUgraphInstantiate_flags(0);
         let mut cap = Capture {
             side: &self.side,
             pending: None,
             events: Vec::new(),
         };
-        for op in &mut self.ops {
-            res = op.run(gpu, &mut self.bufs, &mut cap);
+        let (mut graphs, mut points) = (Vec::new(), Vec::new());
+        gpu.stream.begin_capture(mode)?;
+        let mut res = Ok(());
+        for (i, op) in self.ops.iter_mut().enumerate() {
+            let split = matches!(op, Op::Moe(m) if m.file.is_some());
+            if !split {
+                res = op.run(gpu, &mut self.bufs, &mut cap, Phase::All);
+            } else {
+                res = op.run(gpu, &mut self.bufs, &mut cap, Phase::Head);
+                if res.is_err() {
+                    break;
+                }
+                // The capture ends here whatever happens: a failure above
+                // left it open.
+                graphs.push(
+                    gpu.stream
+                        .end_capture(flags)?
+                        .context("captured an empty graph")?,
+                );
+                points.push(i);
+                gpu.stream.begin_capture(mode)?;
+                res = op.run(gpu, &mut self.bufs, &mut cap, Phase::Tail);
+            }
             if res.is_err() {
                 break;
             }
@@ -965,10 +1136,48 @@ impl CudaDecoder {
                 "a prefetch was never joined (no MoE layer after it)".into(),
             ));
         }
-        let graph = gpu.stream.end_capture(CUgraphInstantiate_flags(0));
+        let graph = gpu.stream.end_capture(flags);
         drop(cap);
         res?;
-        self.graph = Some(graph?.context("captured an empty graph")?);
+        graphs.push(graph?.context("captured an empty graph")?);
+        self.graphs = graphs;
+        self.host_points = points;
+        Ok(())
+    }
+
+    /// Serve the misses of op `i`'s routed plan from the file: each missed
+    /// expert's images into the staging entries, the miss list pointed at
+    /// them (the stream is idle: the graph before this ended with the plan).
+    fn serve_misses(&mut self, i: usize, model: &Model) -> Result<()> {
+        let Self {
+            ops, staging, gpu, ..
+        } = self;
+        let Some(Op::Moe(m)) = ops.get_mut(i) else {
+            bail!("host point {i} is not a MoE op");
+        };
+        let fx = m.file.as_ref().context("no file experts")?;
+        let set = staging.get_mut(fx.staging).context("staging set")?;
+        let x = Arc::get_mut(&mut m.x).context("experts shared while serving misses")?;
+        let cache = x.cache.as_mut().context("no cache")?;
+        let file = model.file();
+        cache.stage_misses(gpu, |slot, e| {
+            for (p, part) in fx.parts.iter().enumerate() {
+                let dst = set[p].entry_mut(slot, part.stride)?;
+                expert_image(
+                    part.w.ty,
+                    part.rows_total,
+                    part.row0,
+                    part.rows,
+                    part.w.cols(),
+                    part.n,
+                    part.w.bytes(file),
+                    e as usize,
+                    dst,
+                )
+                .with_context(|| format!("reading expert {e} of {}", part.w.name))?;
+            }
+            Ok(())
+        })?;
         Ok(())
     }
 
@@ -1098,7 +1307,12 @@ impl CudaDecoder {
         ensure!(self.tick <= i32::MAX as u32, "token counter overflow");
         gpu.stream
             .memcpy_htod(&[self.pos as i32, self.tick as i32], &mut self.bufs.pos)?;
-        self.graph.as_ref().context("no graph")?.launch()?;
+        for g in 0..self.graphs.len() {
+            self.graphs[g].launch()?;
+            if let Some(&i) = self.host_points.get(g) {
+                self.serve_misses(i, model)?;
+            }
+        }
         self.pos += 1;
         Ok(())
     }

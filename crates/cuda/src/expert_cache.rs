@@ -28,7 +28,7 @@
 //! `redlite selftest` checks the kernel against it.
 
 use crate::device::Gpu;
-use crate::error::{ensure, Result};
+use crate::error::{ensure, Context, Result};
 use crate::gemv::ExpertStack;
 use crate::ops::dptr;
 use cudarc::driver::{CudaSlice, LaunchConfig, PinnedHostSlice};
@@ -135,6 +135,22 @@ impl HostExperts {
         self.buf.num_bytes()
     }
 
+    /// The device address of the first entry.
+    pub fn dev_ptr(&self) -> u64 {
+        self.dev_ptr
+    }
+
+    /// Entry `i`'s bytes at a stride of `stride` (at most the allocation's):
+    /// the host writes file reads there for the device to fetch.
+    pub fn entry_mut(&mut self, i: usize, stride: usize) -> Result<&mut [u8]> {
+        ensure!(
+            stride <= self.stride && i < self.n,
+            "staging entry {i} of {}",
+            self.n
+        );
+        Ok(&mut self.buf.as_mut_slice()?[i * stride..][..stride])
+    }
+
     /// The first `n` experts' bytes (to preload slots 0..n).
     pub fn prefix(&self, n: usize) -> Result<&[u8]> {
         ensure!(n <= self.n, "prefix of {n} experts");
@@ -154,8 +170,23 @@ pub struct LayerCache {
     /// Routed plan's miss list, and the prefetch plan's.
     miss: CudaSlice<u32>,
     miss_pre: CudaSlice<u32>,
-    /// Experts of gate, up, down in pinned host memory.
-    pub host: [HostExperts; 3],
+    /// Where gate, up and down are fetched from: (device address, stride,
+    /// entries).
+    src: [(u64, usize, usize); 3],
+    /// Every expert in pinned host memory ([`HostSet::Pinned`]).
+    pinned: Option<[HostExperts; 3]>,
+}
+
+/// Where a layer's misses are copied from.
+pub enum HostSet {
+    /// Every expert of gate, up, down, page-locked (the fetch kernel reads
+    /// expert e at e * stride).
+    Pinned([HostExperts; 3]),
+    /// Staging entries the host fills with the misses it reads from the
+    /// model file (device address and entries per projection); the host
+    /// rewrites each miss's expert id to its staging entry before the
+    /// fetch ([`LayerCache::stage_misses`]).
+    Staged([(u64, usize); 3]),
 }
 
 impl LayerCache {
@@ -166,7 +197,8 @@ impl LayerCache {
         n_expert: usize,
         n_slots: usize,
         k: usize,
-        host: [HostExperts; 3],
+        strides: [usize; 3],
+        host: HostSet,
     ) -> Result<Self> {
         ensure!(
             n_slots >= k && n_slots <= n_expert && k <= 32,
@@ -176,6 +208,38 @@ impl LayerCache {
             .map(|e| if e < n_slots { e as u32 } else { SLOT_NONE })
             .collect();
         let expert_in: Vec<u32> = (0..n_slots as u32).collect();
+        let (src, pinned) = match host {
+            HostSet::Pinned(h) => {
+                for (x, &st) in h.iter().zip(&strides) {
+                    ensure!(
+                        x.stride == st && x.n == n_expert,
+                        "pinned experts: stride or count"
+                    );
+                }
+                (
+                    [
+                        (h[0].dev_ptr, strides[0], n_expert),
+                        (h[1].dev_ptr, strides[1], n_expert),
+                        (h[2].dev_ptr, strides[2], n_expert),
+                    ],
+                    Some(h),
+                )
+            }
+            HostSet::Staged(p) => {
+                ensure!(
+                    p.iter().all(|x| x.1 >= k),
+                    "staging holds fewer than {k} experts"
+                );
+                (
+                    [
+                        (p[0].0, strides[0], p[0].1),
+                        (p[1].0, strides[1], p[1].1),
+                        (p[2].0, strides[2], p[2].1),
+                    ],
+                    None,
+                )
+            }
+        };
         let s = &gpu.stream;
         Ok(Self {
             n_slots,
@@ -187,7 +251,8 @@ impl LayerCache {
             pref: s.alloc_zeros(n_slots)?,
             miss: s.alloc_zeros(1 + 2 * k)?,
             miss_pre: s.alloc_zeros(1 + 2 * k)?,
-            host,
+            src,
+            pinned,
         })
     }
 
@@ -258,21 +323,25 @@ impl LayerCache {
         stacks: [&ExpertStack; 3],
         blocks: u32,
     ) -> Result<()> {
-        for (h, s) in self.host.iter().zip(stacks) {
+        for (h, s) in self.src.iter().zip(stacks) {
             ensure!(
-                h.stride == s.stride && h.n == self.n_expert && s.n_slots == self.n_slots,
+                h.1 == s.stride && s.n_slots == self.n_slots,
                 "expert_fetch: host copy and slot stack disagree"
             );
         }
+        ensure!(
+            self.pinned.is_some() || !prefetch,
+            "expert_fetch: a prefetch needs every expert in pinned memory"
+        );
         let miss = dptr(
             gpu,
             Some(if prefetch { &self.miss_pre } else { &self.miss }),
         );
         let a: Vec<(u64, u64, u64)> = self
-            .host
+            .src
             .iter()
             .zip(stacks)
-            .map(|(h, s)| (h.dev_ptr, dptr(gpu, Some(&s.buf)), h.stride as u64))
+            .map(|(h, s)| (h.0, dptr(gpu, Some(&s.buf)), h.1 as u64))
             .collect();
         let cfg = LaunchConfig {
             grid_dim: (blocks.max(1), 1, 1),
@@ -280,10 +349,11 @@ impl LayerCache {
             shared_mem_bytes: 0,
         };
         // SAFETY: expert_fetch(miss, (src, dst, stride) x 3) reads miss[0]
-        // entries of (expert < n_expert, slot < n_slots) written by
-        // expert_plan, and copies `stride` bytes from src + e * stride (the
-        // mapped host copy of n_expert experts) to dst + s * stride (a stack
-        // of n_slots slots of the same stride): both checked above.
+        // entries of (e, slot < n_slots) written by expert_plan (e <
+        // n_expert) or by stage_misses (e a staging entry < its count), and
+        // copies `stride` bytes from src + e * stride (the mapped host copy
+        // of n_expert experts, or the staging entries) to dst + s * stride
+        // (a stack of n_slots slots of the same stride): checked above.
         unsafe {
             gpu.launch(
                 "expert_fetch",
@@ -294,6 +364,43 @@ impl LayerCache {
                 ],
             )
         }
+    }
+
+    /// Whether every expert is in pinned host memory (else staged from the
+    /// file by the host).
+    pub fn is_pinned(&self) -> bool {
+        self.pinned.is_some()
+    }
+
+    /// Every expert's pinned host copy of projection `p`, when pinned.
+    pub fn pinned(&self, p: usize) -> Option<&HostExperts> {
+        self.pinned.as_ref().map(|h| &h[p])
+    }
+
+    /// Staged mode, after the routed plan ran (the stream synchronised):
+    /// the misses (expert, slot); `stage(i, expert)` must write expert's
+    /// images into staging entry i of each projection; then the miss list
+    /// on the device is rewritten to name the entries instead of the
+    /// experts, for the fetch that follows.
+    pub fn stage_misses(
+        &mut self,
+        gpu: &Gpu,
+        mut stage: impl FnMut(usize, u32) -> Result<()>,
+    ) -> Result<usize> {
+        ensure!(self.pinned.is_none(), "stage_misses: experts are pinned");
+        let m = self.misses(gpu, false)?;
+        if m.is_empty() {
+            return Ok(0);
+        }
+        ensure!(m.len() <= self.src[0].2, "more misses than staging entries");
+        let mut list = vec![m.len() as u32];
+        for (i, &(e, s)) in m.iter().enumerate() {
+            stage(i, e)?;
+            list.extend([i as u32, s]);
+        }
+        gpu.stream
+            .memcpy_htod(&list, &mut self.miss.slice_mut(..list.len()))?;
+        Ok(m.len())
     }
 
     /// The pool's tables, for tests: (slot_of, expert_in, stamp).
@@ -483,7 +590,8 @@ pub fn selftest(gpu: &Gpu, rng: &mut crate::testdata::Rng) -> Result<Vec<crate::
         let hosts: [HostExperts; 3] = hosts
             .try_into()
             .map_err(|_| crate::CudaError::Invalid("three stacks".into()))?;
-        let cache = LayerCache::new(gpu, n, slots, k, hosts)?;
+        let strides = [stacks[0].stride, stacks[1].stride, stacks[2].stride];
+        let cache = LayerCache::new(gpu, n, slots, k, strides, HostSet::Pinned(hosts))?;
         let mut model = PlanModel::new(n, slots);
         let counters: CudaSlice<u64> = gpu.stream.alloc_zeros(4)?;
         let mut clock: CudaSlice<i32> = gpu.stream.alloc_zeros(2)?;
@@ -526,7 +634,7 @@ pub fn selftest(gpu: &Gpu, rng: &mut crate::testdata::Rng) -> Result<Vec<crate::
         for (p, st) in stacks.iter().enumerate() {
             gpu.sync()?;
             let dev = gpu.stream.clone_dtoh(&st.buf)?;
-            let host = cache.host[p].prefix(n)?;
+            let host = cache.pinned(p).context("pinned")?.prefix(n)?;
             for (slot, &e) in model.expert_in.iter().enumerate() {
                 let a = &dev[slot * st.stride..][..st.stride];
                 let b = &host[e as usize * st.stride..][..st.stride];

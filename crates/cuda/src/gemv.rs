@@ -328,6 +328,32 @@ pub struct ExpertStack {
     pub buf: CudaSlice<u8>,
 }
 
+/// Expert `e`'s slot image (device layout, `dst.len()` = the stack's
+/// stride) from a stacked GGUF tensor's bytes, as [`ExpertStack::from_gguf`]
+/// lays it out.
+#[allow(clippy::too_many_arguments)]
+pub fn expert_image(
+    ty: GgmlType,
+    rows_total: usize,
+    row0: usize,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    gguf: &[u8],
+    e: usize,
+    dst: &mut [u8],
+) -> Result<()> {
+    ensure!(e < n, "expert {e} of {n}");
+    StackSource::new(ty, rows_total, row0, rows, cols, n, gguf)?.fill(e, dst)
+}
+
+/// Bytes of one slot of a stack of `ty` experts of `rows` x `cols`.
+pub fn expert_stride(ty: GgmlType, rows: usize, cols: usize) -> Result<usize> {
+    Ok(upload_layout(ty, cols)?
+        .matrix_bytes(rows, cols)?
+        .next_multiple_of(256))
+}
+
 /// Where the experts of a stacked GGUF tensor come from, and how one
 /// expert becomes its slot image (device layout, zero-padded to `stride`).
 struct StackSource<'a> {
@@ -464,6 +490,40 @@ impl ExpertStack {
             },
             host,
         ))
+    }
+
+    /// [`Self::from_gguf`] with only `n_slots` slots, holding experts
+    /// `0..n_slots`: a bounded cache whose misses are read from the file
+    /// ([`expert_image`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn preloaded(
+        gpu: &Gpu,
+        ty: GgmlType,
+        rows_total: usize,
+        row0: usize,
+        rows: usize,
+        cols: usize,
+        n: usize,
+        gguf: &[u8],
+        n_slots: usize,
+    ) -> Result<Self> {
+        ensure!(
+            n_slots >= 1 && n_slots <= n,
+            "{n_slots} slots for {n} experts"
+        );
+        let src = StackSource::new(ty, rows_total, row0, rows, cols, n, gguf)?;
+        let mut host = vec![0u8; src.stride * n_slots];
+        for (e, dst) in host.chunks_mut(src.stride).enumerate() {
+            src.fill(e, dst)?;
+        }
+        Ok(Self {
+            layout: src.layout,
+            rows,
+            cols,
+            n_slots,
+            stride: src.stride,
+            buf: gpu.stream.clone_htod(&host)?,
+        })
     }
 
     /// Write one expert's GGUF-order bytes into `slot`.

@@ -180,6 +180,8 @@ pub fn parity(
 pub struct CacheRun {
     pub slots_per_layer: usize,
     pub pregate: bool,
+    /// Misses read from the file by the host (else from pinned memory).
+    pub from_file: bool,
     pub steps: usize,
     /// Steps whose logits differ in any bit.
     pub steps_differing: usize,
@@ -218,7 +220,8 @@ fn run_decoder(
 }
 
 /// The decoder with every expert resident against bounded caches of
-/// `sizes` slots per layer, each with pre-gating off and on: the output
+/// `sizes` slots per layer, each with pre-gating off and on (misses from
+/// pinned memory) and with misses read from the file: the output
 /// must be identical bit for bit (a cache changes where an expert's bytes
 /// sit, never the arithmetic).
 pub fn cache_sweep(
@@ -242,9 +245,10 @@ pub fn cache_sweep(
     drop(full);
     let mut out = Vec::new();
     for &slots in sizes {
-        for pregate in [false, true] {
+        for (pregate, from_file) in [(false, false), (true, false), (false, true)] {
             let mut c = ExpertCacheOptions::new(slots);
             c.pregate = pregate;
+            c.from_file = from_file;
             let mut dec = CudaDecoder::new(gpu.side()?, model, &opts(Some(c)))?;
             let (got, ids) = run_decoder(&mut dec, model, prompt, n_greedy)?;
             let differing = want
@@ -261,6 +265,7 @@ pub fn cache_sweep(
             out.push(CacheRun {
                 slots_per_layer: slots,
                 pregate,
+                from_file,
                 steps: want.len(),
                 steps_differing: differing,
                 greedy_equal: ids == want_ids,
