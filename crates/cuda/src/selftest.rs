@@ -199,7 +199,8 @@ pub fn q8_variants() -> Vec<(GgmlType, Q8Variant)> {
     v
 }
 
-/// The int8-activation kernels (IQ2_XXS, Q8_0): plain, routed experts (shared and
+/// The int8-activation kernels (every format of [`Q8_TYPES`], every
+/// variant of [`q8_variants`]): plain, routed experts (shared and
 /// per-expert x) and gate+up fused, against the f64 reference on the
 /// device-quantized x (gate REL_TOL) and on the f32 x (Q8_VS_F32_TOL).
 fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
