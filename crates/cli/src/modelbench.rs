@@ -441,7 +441,8 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
         .max()
         .unwrap_or(1);
     // On the GPU the device plan (made once the device is open) replaces
-    // the host one.
+    // the host one (assigned again only in builds with the cuda feature).
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
     let mut mem_plan = if args.device == "cuda" {
         String::new()
     } else {

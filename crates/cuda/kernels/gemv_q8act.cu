@@ -1,5 +1,5 @@
-// GEMV with int8 activations (quantize_q8.cu): IQ2_XXS, Q8_0, Q4_K and
-// IQ4_NL weights.
+// GEMV with int8 activations (quantize_q8.cu): IQ2_XXS, Q8_0, Q4_K,
+// IQ4_NL, Q6_K, IQ2_XS and IQ1_M weights.
 // Q8_0 (`gemv_q8_0_q8_*`): a lane chunk is one block, 32 int8 weights (two
 // 16-byte loads) dotted with 32 int8 activations by 8 __dp4a, times
 // d_w * d_x; the work split below is shared (chunks of 32 values, 1 per
@@ -35,6 +35,8 @@
 // slots[mi] (or mi without slots) and the activation vector mi*x_stride;
 // y + m*rows is written.
 #define WANT_IQ2XXS_GRID
+#define WANT_IQ2XS_GRID
+#define WANT_IQ1S_GRID
 #define WANT_KVALUES_IQ4NL
 #include "gemv_common.cuh"
 #include "iq_tables.cuh"
@@ -73,21 +75,31 @@ struct WChunk {
 // Contiguous chunks: weight chunk c at rp + c*16*W16 (payloads are
 // back to back), its block's f16 d at dp[c / CPB]; activations 16*XV
 // bytes at c*16*XV and DX scales at c*DX.
-template <int CPB, int W16, int XV, int DX>
-struct Contig {
-    static __device__ __forceinline__ void load_w(const u8* rp, const u16* dp, int c,
-                                                  WChunk<W16>& w, u16& d) {
-#pragma unroll
-        for (int k = 0; k < W16; k++)
-            w.v[k] = __ldg(reinterpret_cast<const uint4*>(rp + (u64)c * 16 * W16) + k);
-        d = __ldg(dp + c / CPB);
-    }
+// Contiguous activations: chunk c's 16*XV int8 values start at value
+// c*16*XV, its DX scales at c*DX (every format whose chunks cover
+// consecutive values of the row).
+template <int XV, int DX>
+struct ContigX {
     static __device__ __forceinline__ void load_x(const int4* xp, const float* xd, int c, int4* x,
                                                   float* dx) {
 #pragma unroll
         for (int k = 0; k < XV; k++) x[k] = __ldg(xp + XV * c + k);
 #pragma unroll
         for (int k = 0; k < DX; k++) dx[k] = __ldg(xd + DX * c + k);
+    }
+};
+
+// `WT` is the type a lane's chunk of weights is loaded into (the body
+// keeps 2*NR of them in registers).
+template <int CPB, int W16, int XV, int DX>
+struct Contig : ContigX<XV, DX> {
+    using WT = WChunk<W16>;
+    static __device__ __forceinline__ void load_w(const u8* rp, const u16* dp, int c, WT& w,
+                                                  u16& d) {
+#pragma unroll
+        for (int k = 0; k < W16; k++)
+            w.v[k] = __ldg(reinterpret_cast<const uint4*>(rp + (u64)c * 16 * W16) + k);
+        d = __ldg(dp + c / CPB);
     }
 };
 
@@ -163,6 +175,7 @@ __device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, int*
 
 struct Q4KQ8 {
     static constexpr int CPB = 8, PAYLOAD = 144, W16 = 2, XV = 2, DX = 2;
+    using WT = WChunk<2>;
     static __device__ __forceinline__ void load_w(const u8* rp, const u16*, int c, WChunk<2>& w,
                                                   u16& d) {
         const u8* blk = rp + (u64)(c >> 3) * 144;
@@ -202,6 +215,201 @@ struct Q4KQ8 {
         }
         return d * (dx[0] * (float)(sc0 * s0) + dx[1] * (float)(sc1 * s1)) -
                dmin * (dx[0] * (float)(m0 * x0) + dx[1] * (float)(m1 * x1));
+    }
+};
+
+// The three formats below have 256-value blocks and 32-value activation
+// blocks, each with its own f32 scale dx: every 32 values' integer dot is
+// kept apart and scaled by its own dx (and the weight's sub-scales) before
+// the sum.
+
+// Q6_K (`gemv_q6_k_q8_*`): payload ql[128] | qh[64] | scales[16] (208
+// bytes, 16-byte aligned), f16 d in the scale array (gemv_q6k.cu). In half
+// h, value 128h + 32j + l has its low nibble in ql[64h + 32(j%2) + l]
+// (nibble j/2), its top 2 bits at 2j of qh[32h + l], sub-scale (int8)
+// scales[8h + 2j + l/16]; value d * sc * (q - 32).
+//
+// A chunk (4 per block) is h = (c/2)%2, l0 = 16(c%2): for all four j the
+// 16 values l0..l0+16, so its three 16-byte loads (ql, ql+32, qh) are used
+// whole; plus the half's 8 scale bytes. The 4 pieces of 16 values lie in 4
+// activation blocks (8b + 4h + j: one float4 of dx) and have one sub-scale
+// each. Σ(q-32)x = Σqx - 32Σx: q (0..63) goes straight into __dp4a and Σx
+// (__dp4a with ones) depends on x only, so it is shared by the NR rows.
+struct Q6KW {
+    uint4 lo0, lo1, hi;
+    uint2 sc;
+};
+
+struct Q6KQ8 {
+    static constexpr int CPB = 4, PAYLOAD = 208, XV = 4, DX = 4;
+    using WT = Q6KW;
+    static __device__ __forceinline__ void load_w(const u8* rp, const u16* dp, int c, WT& w,
+                                                  u16& d) {
+        const u8* blk = rp + (u64)(c >> 2) * 208;
+        const int h = (c >> 1) & 1, l0 = 16 * (c & 1);
+        w.lo0 = __ldg(reinterpret_cast<const uint4*>(blk + 64 * h + l0));
+        w.lo1 = __ldg(reinterpret_cast<const uint4*>(blk + 64 * h + 32 + l0));
+        w.hi = __ldg(reinterpret_cast<const uint4*>(blk + 128 + 32 * h + l0));
+        w.sc = __ldg(reinterpret_cast<const uint2*>(blk + 192 + 8 * h));
+        d = __ldg(dp + (c >> 2));
+    }
+    static __device__ __forceinline__ void load_x(const int4* xp, const float* xd, int c, int4* x,
+                                                  float* dx) {
+        // piece j: values 256b + 128h + 32j + l0.. = int4 16b + 8h + 2j + c%2
+        const int b = c >> 2, h = (c >> 1) & 1;
+#pragma unroll
+        for (int j = 0; j < 4; j++) x[j] = __ldg(xp + 16 * b + 8 * h + 2 * j + (c & 1));
+        const float4 d4 = __ldg(reinterpret_cast<const float4*>(xd) + 2 * b + h);
+        dx[0] = d4.x;
+        dx[1] = d4.y;
+        dx[2] = d4.z;
+        dx[3] = d4.w;
+    }
+    static __device__ __forceinline__ float dot(const WT& w, float dw, const int4* xq,
+                                                const float* dx, const uint2*, int c) {
+        const u32 a[4] = {w.lo0.x, w.lo0.y, w.lo0.z, w.lo0.w};
+        const u32 b[4] = {w.lo1.x, w.lo1.y, w.lo1.z, w.lo1.w};
+        const u32 qh[4] = {w.hi.x, w.hi.y, w.hi.z, w.hi.w};
+        const int sub_shift = 8 * (c & 1);  // scale byte 2j + c%2 of the 8
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const u32* lw = (j & 1) ? b : a;
+            const int xw[4] = {xq[j].x, xq[j].y, xq[j].z, xq[j].w};
+            int s = 0, sx = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const u32 q = ((lw[k] >> (4 * (j >> 1))) & 0x0f0f0f0fu) |
+                              (((qh[k] >> (2 * j)) & 0x03030303u) << 4);
+                s = __dp4a((int)q, xw[k], s);
+                sx = __dp4a(0x01010101, xw[k], sx);
+            }
+            const u32 sw = j < 2 ? w.sc.x : w.sc.y;
+            const int sc = (int)(signed char)((sw >> (16 * (j & 1) + sub_shift)) & 0xffu);
+            acc = fmaf(dx[j], (float)(sc * (s - 32 * sx)), acc);  // exact: |.| < 2^24
+        }
+        return dw * acc;
+    }
+};
+
+// IQ2_XS (`gemv_iq2_xs_q8_*`): payload qs[32 u16] | scales[8] (72 bytes,
+// 8-byte aligned: loads of <= 8 bytes), f16 d in the scale array
+// (gemv_iq2_xs.cu). Group l (8 values) is qs[l]: 9-bit grid index, 7-bit
+// sign code (sign byte = code | parity << 7); 16-value group k has the
+// 4-bit s = nibble k%2 of scales[k/2]. Value d * (2s+1)/8 * grid * sign.
+//
+// A chunk (4 per block) is activation blocks 2k, 2k+1 (k = c%4): two
+// 8-byte loads of 8 u16, one u16 of scales; signs applied to the grid
+// bytes (iq2_signed: magnitudes are never 0), 2 __dp4a per group.
+struct Iq2XsW {
+    uint2 q0, q1;
+    u32 sc;
+};
+
+struct Iq2XsQ8 : ContigX<4, 2> {
+    static constexpr int CPB = 4, PAYLOAD = 72, XV = 4, DX = 2;
+    using WT = Iq2XsW;
+    static __device__ __forceinline__ void load_w(const u8* rp, const u16* dp, int c, WT& w,
+                                                  u16& d) {
+        const u8* blk = rp + (u64)(c >> 2) * 72 + 16 * (c & 3);
+        w.q0 = __ldg(reinterpret_cast<const uint2*>(blk));
+        w.q1 = __ldg(reinterpret_cast<const uint2*>(blk + 8));
+        w.sc = __ldg(reinterpret_cast<const u16*>(rp + (u64)(c >> 2) * 72 + 64 + 2 * (c & 3)));
+        d = __ldg(dp + (c >> 2));
+    }
+    static __device__ __forceinline__ float dot(const WT& w, float dw, const int4* xq,
+                                                const float* dx, const uint2*, int) {
+        const u32 qw[4] = {w.q0.x, w.q0.y, w.q1.x, w.q1.y};
+        const int xw[16] = {xq[0].x, xq[0].y, xq[0].z, xq[0].w, xq[1].x, xq[1].y,
+                            xq[1].z, xq[1].w, xq[2].x, xq[2].y, xq[2].z, xq[2].w,
+                            xq[3].x, xq[3].y, xq[3].z, xq[3].w};
+        float acc = 0.f;
+#pragma unroll
+        for (int a = 0; a < 2; a++) {  // activation block 2k + a
+            int s16[2] = {0, 0};
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                const u32 q = (qw[2 * a + (g >> 1)] >> (16 * (g & 1))) & 0xffffu;
+                const u64 gr = __ldg(&iq2xs_grid[q & 511u]);
+                const u32 code = q >> 9;
+                const u32 signs = code | ((__popc(code) & 1u) << 7);
+                int s = s16[g >> 1];
+                s = __dp4a(iq2_signed((u32)gr, signs & 15u), xw[8 * a + 2 * g], s);
+                s = __dp4a(iq2_signed((u32)(gr >> 32), signs >> 4), xw[8 * a + 2 * g + 1], s);
+                s16[g >> 1] = s;
+            }
+            const u32 sb = (w.sc >> (8 * a)) & 0xffu;
+            const int isum =
+                (int)(2u * (sb & 15u) + 1u) * s16[0] + (int)(2u * (sb >> 4) + 1u) * s16[1];
+            acc = fmaf(dx[a], (float)isum, acc);
+        }
+        return 0.125f * dw * acc;
+    }
+};
+
+// IQ1_M (`gemv_iq1_m_q8_*`): 56-byte blocks kept whole (8-byte aligned),
+// qs[32] | qh[16] | scales[8] (gemv_iq1_m.cu). Group l (8 values): grid
+// index qs[l] | (nibble & 7) << 8 into iq1s_grid (bytes -1, 0, 1), shift
+// sign = bit 3 of the nibble (nibble l%2 of qh[l/2]); 16-value group m has
+// the 3-bit s at 3(m%4) of u16 scale word m/4, whose top nibbles hold the
+// f16 d. Value d * (2s+1) * (g ± 1/8) = d * (2s+1) * (8g ± 1) / 8, so the
+// integer dot of a group is 8·Σgx ± Σx (Σx again shared by the rows).
+//
+// A chunk (4 per block) is activation blocks 2k, 2k+1 (k = c%4): 8 bytes
+// of indices, 4 bytes of nibbles, all 8 scale bytes (its scales are word
+// k, d needs all four).
+struct Iq1MW {
+    uint2 qs, sw;
+    u32 qh;
+};
+
+struct Iq1MQ8 : ContigX<4, 2> {
+    static constexpr int CPB = 4, PAYLOAD = 56, XV = 4, DX = 2;
+    using WT = Iq1MW;
+    static __device__ __forceinline__ void load_w(const u8* rp, const u16*, int c, WT& w,
+                                                  u16& d) {
+        const u8* blk = rp + (u64)(c >> 2) * 56;
+        const int k = c & 3;
+        w.qs = __ldg(reinterpret_cast<const uint2*>(blk + 8 * k));
+        w.qh = __ldg(reinterpret_cast<const u32*>(blk + 32 + 4 * k));
+        w.sw = __ldg(reinterpret_cast<const uint2*>(blk + 48));
+        d = 0;  // no scale array: d is in the scale words
+    }
+    static __device__ __forceinline__ float dot(const WT& w, float, const int4* xq,
+                                                const float* dx, const uint2*, int c) {
+        const u32 sx0 = w.sw.x, sx1 = w.sw.y;
+        const u32 dbits = ((sx0 & 0xffffu) >> 12) | ((sx0 >> 24) & 0xf0u) |
+                          (((sx1 & 0xffffu) >> 4) & 0xf00u) | ((sx1 >> 16) & 0xf000u);
+        const int k = c & 3;
+        const u32 scw = ((k >> 1) ? sx1 : sx0) >> (16 * (k & 1));
+        const u32 qsw[2] = {w.qs.x, w.qs.y};
+        const int xw[16] = {xq[0].x, xq[0].y, xq[0].z, xq[0].w, xq[1].x, xq[1].y,
+                            xq[1].z, xq[1].w, xq[2].x, xq[2].y, xq[2].z, xq[2].w,
+                            xq[3].x, xq[3].y, xq[3].z, xq[3].w};
+        float acc = 0.f;
+#pragma unroll
+        for (int a = 0; a < 2; a++) {  // activation block 2k + a
+            int isum = 0;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {  // 16-value group m = 2a + h of the chunk
+                int s = 0;
+#pragma unroll
+                for (int g = 0; g < 2; g++) {
+                    const int l = 4 * a + 2 * h + g;  // 8-value group of the chunk
+                    const u32 nib = (w.qh >> (4 * l)) & 15u;
+                    const u32 idx = byte_of(qsw[l >> 2], l & 3) | ((nib & 7u) << 8);
+                    const u64 gr = __ldg(&iq1s_grid[idx]);
+                    const int sg = __dp4a((int)(u32)(gr >> 32), xw[2 * l + 1],
+                                          __dp4a((int)(u32)gr, xw[2 * l], 0));
+                    const int sx =
+                        __dp4a(0x01010101, xw[2 * l + 1], __dp4a(0x01010101, xw[2 * l], 0));
+                    s += 8 * sg + ((nib & 8u) ? -sx : sx);
+                }
+                isum += (int)(2u * ((scw >> (3 * (2 * a + h))) & 7u) + 1u) * s;
+            }
+            acc = fmaf(dx[a], (float)isum, acc);
+        }
+        return 0.125f * h2f((u16)dbits) * acc;
     }
 };
 
@@ -255,7 +463,7 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
     for (int c = cl; c < nch; c += 2 * spr) {
         const int c2 = c + spr;
         const bool two = c2 < nch;
-        WChunk<T::W16> wa[NR], wb[NR];
+        typename T::WT wa[NR], wb[NR];
         u16 da[NR], db[NR];
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -308,3 +516,12 @@ GEMV_Q8_KERNEL(gemv_q4_k_q8_r4, Q4KQ8, 4, false)
 GEMV_Q8_KERNEL(gemv_iq4_nl_q8_r1, Iq4NlQ8, 1, false)
 GEMV_Q8_KERNEL(gemv_iq4_nl_q8_r2, Iq4NlQ8, 2, false)
 GEMV_Q8_KERNEL(gemv_iq4_nl_q8_r4, Iq4NlQ8, 4, false)
+GEMV_Q8_KERNEL(gemv_q6_k_q8_r1, Q6KQ8, 1, false)
+GEMV_Q8_KERNEL(gemv_q6_k_q8_r2, Q6KQ8, 2, false)
+GEMV_Q8_KERNEL(gemv_q6_k_q8_r4, Q6KQ8, 4, false)
+GEMV_Q8_KERNEL(gemv_iq2_xs_q8_r1, Iq2XsQ8, 1, false)
+GEMV_Q8_KERNEL(gemv_iq2_xs_q8_r2, Iq2XsQ8, 2, false)
+GEMV_Q8_KERNEL(gemv_iq2_xs_q8_r4, Iq2XsQ8, 4, false)
+GEMV_Q8_KERNEL(gemv_iq1_m_q8_r1, Iq1MQ8, 1, false)
+GEMV_Q8_KERNEL(gemv_iq1_m_q8_r2, Iq1MQ8, 2, false)
+GEMV_Q8_KERNEL(gemv_iq1_m_q8_r4, Iq1MQ8, 4, false)

@@ -288,7 +288,7 @@ pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
     Ok(out)
 }
 
-/// The int8-activation IQ2_XXS kernels on the same shapes (x quantized once
+/// The int8-activation kernels ([`Q8_TYPES`]) on the same shapes (x quantized once
 /// beforehand, not timed with them), gate+up of 10 experts in one launch,
 /// and the quantization itself.
 fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<BenchRow>) -> Result<()> {

@@ -13,10 +13,11 @@
 //!
 //! Activations: f32 (the CPU reference path's math: the parity partner), or
 //! with [`DecoderOptions::int8`] quantized to int8 per 32 values once per
-//! vector for the formats with int8 kernels (IQ2_XXS, Q4_K, Q8_0; routed
-//! gate and up in one launch), as the CPU fast path and llama.cpp quantize
-//! activations. Formats without a device kernel are dequantized to F32 at
-//! upload.
+//! vector for the formats with int8 kernels (`gemv::Q8_TYPES`: IQ2_XXS,
+//! Q8_0, Q4_K, IQ4_NL, Q6_K, IQ2_XS, IQ1_M; routed gate and up in one
+//! launch; the output head too), as the CPU fast path and llama.cpp
+//! quantize activations. Formats without a device kernel are dequantized
+//! to F32 at upload.
 
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
@@ -312,7 +313,10 @@ fn fuse_norms(ops: Vec<Op>) -> Vec<Op> {
                     w,
                 },
             ) => {
-                m.next_norm = Some((n, eps, false));
+                // h is quantized for the head only where the head has an
+                // int8 kernel (and only in int8 mode: otherwise there is
+                // no hq to write into).
+                m.next_norm = Some((n, eps, head_int8(&w)));
                 out.push(Op::Head { norm: None, eps, w });
             }
             (_, op) => out.push(op),
@@ -593,13 +597,22 @@ impl Op {
                 ops::add_inplace(gpu, &b.x, &f.out, d)
             }
             Op::Head { norm, eps, w } => {
+                let hq = if head_int8(w) { b.hq.as_ref() } else { None };
                 if let Some(n) = norm {
-                    ops::rms_norm(gpu, &b.x, None, n, Some(&b.h), None, 1, d, *eps, false)?;
+                    ops::rms_norm(gpu, &b.x, None, n, Some(&b.h), hq, 1, d, *eps, false)?;
                 }
-                w.gemv(gpu, &b.h, &mut b.logits, DEFAULT_NR)
+                mv(gpu, w, &b.h, hq, &mut b.logits)
             }
         }
     }
+}
+
+/// Whether the output head runs on int8 activations in int8 mode: when its
+/// format has an int8 kernel (Q6_K in the synthetic layouts), as the CPU
+/// fast path quantizes the activations of its head too. The norm before the
+/// head then also writes the quantized h.
+fn head_int8(w: &DeviceMatrix) -> bool {
+    Q8_TYPES.contains(&w.layout.ty) && w.cols.is_multiple_of(32)
 }
 
 /// Whether routed experts of this stack have int8 kernels.

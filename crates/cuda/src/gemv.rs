@@ -63,11 +63,14 @@ pub fn kernel_name(ty: GgmlType, v: impl Into<Variant>) -> Result<String> {
 }
 
 /// The formats with int8-activation kernels (`kernels/gemv_q8act.cu`).
-pub const Q8_TYPES: [GgmlType; 4] = [
+pub const Q8_TYPES: [GgmlType; 7] = [
     GgmlType::IQ2_XXS,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
     GgmlType::IQ4_NL,
+    GgmlType::Q6_K,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ1_M,
 ];
 
 /// One configuration of the int8-activation kernels: `nr` rows per lane
@@ -99,14 +102,17 @@ pub fn q8_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
         GgmlType::Q8_0 if !smem_grid => Ok(format!("gemv_q8_0_q8_r{nr}")),
         GgmlType::Q4_K if !smem_grid => Ok(format!("gemv_q4_k_q8_r{nr}")),
         GgmlType::IQ4_NL if !smem_grid => Ok(format!("gemv_iq4_nl_q8_r{nr}")),
+        GgmlType::Q6_K if !smem_grid => Ok(format!("gemv_q6_k_q8_r{nr}")),
+        GgmlType::IQ2_XS if !smem_grid => Ok(format!("gemv_iq2_xs_q8_r{nr}")),
+        GgmlType::IQ1_M if !smem_grid => Ok(format!("gemv_iq1_m_q8_r{nr}")),
         other => bail!("no int8-activation kernel for {other:?} (smem_grid {smem_grid})"),
     }
 }
 
 /// Lane chunks per block of the int8-activation kernels (`T::CPB`).
-fn q8_chunks_per_block(ty: GgmlType) -> usize {
+pub(crate) fn q8_chunks_per_block(ty: GgmlType) -> usize {
     match ty {
-        GgmlType::IQ2_XXS => 4,
+        GgmlType::IQ2_XXS | GgmlType::Q6_K | GgmlType::IQ2_XS | GgmlType::IQ1_M => 4,
         GgmlType::Q4_K => 8,
         _ => 1,
     }
@@ -579,7 +585,7 @@ impl ExpertStack {
         )
     }
 
-    /// [`Self::gemv`] with int8 activations (IQ2_XXS only): `x_stride`
+    /// [`Self::gemv`] with int8 activations ([`Q8_TYPES`]): `x_stride`
     /// (values) 0 or `cols`, a multiple of 32.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_q8(

@@ -9,9 +9,11 @@
 //! - [`gemv`]: decode GEMV launches, one matrix or routed experts through
 //!   [`slots`] (the expert slot table). Two activation paths: f32 x
 //!   (`DeviceMatrix::gemv`, every format) and int8 x (`Q8Vec`, then
-//!   `gemv_q8` for IQ2_XXS, Q8_0 and Q4_K, `ExpertStack::gemv_gate_up_q8`
-//!   and `DeviceMatrix::gemv_q8_pair`): 1.5-2.2x faster on the H200
-//!   (bench/RESULTS.md), r2 the best default.
+//!   `gemv_q8` for the formats of `gemv::Q8_TYPES`,
+//!   `ExpertStack::gemv_gate_up_q8` and `DeviceMatrix::gemv_q8_pair`):
+//!   1.5-2.2x faster on the H200 for IQ2_XXS, Q8_0 and Q4_K
+//!   (bench/RESULTS.md), r2 the best default; Q6_K, IQ2_XS and IQ1_M not
+//!   yet measured.
 //! - [`ops`]: the other decode kernels (RMSNorm, attention input, split-K
 //!   grouped attention + merge, the fused Gated DeltaNet step, router
 //!   top-k, SwiGLU / MoE combine), each with a float64 reference in

@@ -19,7 +19,10 @@ pub const REL_TOL: f64 = 1e-4;
 /// (x not quantized). A sanity gate (a wrong scale or sign gives ~1): int8
 /// x costs 0.6-1.9e-2 of max|y| at worst on the selftest's cases (H200,
 /// 2026-11-30; the worst are the 1-row cases, where max|y| is one value).
-/// Precision is gated by REL_TOL against the device-quantized x.
+/// 1-row cases are left out of it: on the host, 1x256 draws exceed 5e-2 in
+/// ~5% of cases for every format (max|y| cancels), 7x512 reach 3.3e-2 at
+/// worst in 3000. Precision is gated by REL_TOL against the
+/// device-quantized x.
 pub const Q8_VS_F32_TOL: f64 = 5e-2;
 
 /// One kernel's worst case over all its sizes.
@@ -199,7 +202,8 @@ pub fn q8_variants() -> Vec<(GgmlType, Q8Variant)> {
     v
 }
 
-/// The int8-activation kernels (IQ2_XXS, Q8_0): plain, routed experts (shared and
+/// The int8-activation kernels (every format of [`Q8_TYPES`], every
+/// variant of [`q8_variants`]): plain, routed experts (shared and
 /// per-expert x) and gate+up fused, against the f64 reference on the
 /// device-quantized x (gate REL_TOL) and on the f32 x (Q8_VS_F32_TOL).
 fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
@@ -228,7 +232,15 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
             let mut yd = gpu.stream.clone_htod(&vec![f32::NAN; rows])?;
             m.gemv_q8(gpu, &xq, &mut yd, nr)?;
             gpu.sync()?;
-            fold2(&mut worst, &gpu.stream.clone_dtoh(&yd)?, &want_q, &want_f);
+            let y = gpu.stream.clone_dtoh(&yd)?;
+            if rows > 1 {
+                fold2(&mut worst, &y, &want_q, &want_f);
+            } else {
+                // One output may cancel to near zero, and its int8 error
+                // relative to itself is then arbitrary (over 5e-2 in ~5% of
+                // random draws, every format alike): gated on want_q only.
+                fold(&mut worst, compare(&y, &want_q));
+            }
         }
         // Routed experts (12 slots, 5 routed, one twice) for gate/up
         // (512 columns: 8 lanes per row) and down-like shapes.
