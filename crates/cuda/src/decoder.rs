@@ -26,6 +26,7 @@ use crate::gemv::{expert_image, DeviceMatrix, ExpertStack, Q8Vec, DEFAULT_NR, Q8
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
+use rayon::prelude::*;
 use redlite_gguf::GgufFile;
 use redlite_model::blocks::attention::{AttnParams, AttnWeights};
 use redlite_model::blocks::deltanet::{DeltaNetParams, DeltaNetWeights, InProj, L2_EPS};
@@ -1172,26 +1173,40 @@ impl CudaDecoder {
         let set = staging.get_mut(fx.staging).context("staging set")?;
         let x = Arc::get_mut(&mut m.x).context("experts shared while serving misses")?;
         let cache = x.cache.as_mut().context("no cache")?;
+        let misses = cache.misses(gpu, false)?;
+        if misses.is_empty() {
+            return Ok(());
+        }
+        // One task per (miss, projection), spread over threads: the reads
+        // (page cache or disk) and the repacking are the host's whole cost.
         let file = model.file();
-        cache.stage_misses(gpu, |slot, e| {
-            for (p, part) in fx.parts.iter().enumerate() {
-                let dst = set[p].entry_mut(slot, part.stride)?;
-                expert_image(
-                    part.w.ty,
-                    part.rows_total,
-                    part.row0,
-                    part.rows,
-                    part.w.cols(),
-                    part.n,
-                    part.w.bytes(file),
-                    e as usize,
-                    dst,
-                )
-                .with_context(|| format!("reading expert {e} of {}", part.w.name))?;
+        let mut tasks = Vec::new();
+        for (p, (part, st)) in fx.parts.iter().zip(set.iter_mut()).enumerate() {
+            for (i, dst) in st
+                .entries_mut(misses.len(), part.stride)?
+                .into_iter()
+                .enumerate()
+            {
+                tasks.push((p, misses[i].0, dst));
             }
-            Ok(())
+        }
+        let parts = &fx.parts;
+        tasks.par_iter_mut().try_for_each(|(p, e, dst)| {
+            let part = &parts[*p];
+            expert_image(
+                part.w.ty,
+                part.rows_total,
+                part.row0,
+                part.rows,
+                part.w.cols(),
+                part.n,
+                part.w.bytes(file),
+                *e as usize,
+                dst,
+            )
+            .with_context(|| format!("reading expert {e} of {}", part.w.name))
         })?;
-        Ok(())
+        cache.point_misses_at_staging(gpu, &misses)
     }
 
     pub fn gpu(&self) -> &Gpu {

@@ -140,15 +140,18 @@ impl HostExperts {
         self.dev_ptr
     }
 
-    /// Entry `i`'s bytes at a stride of `stride` (at most the allocation's):
-    /// the host writes file reads there for the device to fetch.
-    pub fn entry_mut(&mut self, i: usize, stride: usize) -> Result<&mut [u8]> {
+    /// The first `n` entries at a stride of `stride` (at most the
+    /// allocation's): the host writes file reads there for the device to
+    /// fetch.
+    pub fn entries_mut(&mut self, n: usize, stride: usize) -> Result<Vec<&mut [u8]>> {
         ensure!(
-            stride <= self.stride && i < self.n,
-            "staging entry {i} of {}",
+            stride <= self.stride && n <= self.n,
+            "{n} staging entries of {}",
             self.n
         );
-        Ok(&mut self.buf.as_mut_slice()?[i * stride..][..stride])
+        Ok(self.buf.as_mut_slice()?[..n * stride]
+            .chunks_mut(stride)
+            .collect())
     }
 
     /// The first `n` experts' bytes (to preload slots 0..n).
@@ -377,30 +380,29 @@ impl LayerCache {
         self.pinned.as_ref().map(|h| &h[p])
     }
 
-    /// Staged mode, after the routed plan ran (the stream synchronised):
-    /// the misses (expert, slot); `stage(i, expert)` must write expert's
-    /// images into staging entry i of each projection; then the miss list
-    /// on the device is rewritten to name the entries instead of the
-    /// experts, for the fetch that follows.
-    pub fn stage_misses(
-        &mut self,
-        gpu: &Gpu,
-        mut stage: impl FnMut(usize, u32) -> Result<()>,
-    ) -> Result<usize> {
-        ensure!(self.pinned.is_none(), "stage_misses: experts are pinned");
-        let m = self.misses(gpu, false)?;
-        if m.is_empty() {
-            return Ok(0);
+    /// Staged mode, once the host has written the images of the routed
+    /// plan's `misses` (from [`Self::misses`]) into staging entries 0.. in
+    /// order: rewrite the miss list on the device to name those entries
+    /// instead of the experts, for the fetch that follows.
+    pub fn point_misses_at_staging(&mut self, gpu: &Gpu, misses: &[(u32, u32)]) -> Result<()> {
+        ensure!(
+            self.pinned.is_none(),
+            "point_misses_at_staging: experts are pinned"
+        );
+        if misses.is_empty() {
+            return Ok(());
         }
-        ensure!(m.len() <= self.src[0].2, "more misses than staging entries");
-        let mut list = vec![m.len() as u32];
-        for (i, &(e, s)) in m.iter().enumerate() {
-            stage(i, e)?;
+        ensure!(
+            misses.len() <= self.src[0].2,
+            "more misses than staging entries"
+        );
+        let mut list = vec![misses.len() as u32];
+        for (i, &(_, s)) in misses.iter().enumerate() {
             list.extend([i as u32, s]);
         }
         gpu.stream
             .memcpy_htod(&list, &mut self.miss.slice_mut(..list.len()))?;
-        Ok(m.len())
+        Ok(())
     }
 
     /// The pool's tables, for tests: (slot_of, expert_in, stamp).
