@@ -223,7 +223,44 @@ pub fn results(
         }
         out.push(r);
     }
+    if args.profile {
+        let mut depths: Vec<usize> = tests.iter().map(|t| t.2).collect();
+        depths.dedup();
+        for d in depths {
+            dec.reset()?;
+            dec.set_pos(d)?;
+            let p = dec.profile(model, tokens(seed, 1, n_vocab)[0], reps.max(3) * 10)?;
+            print_profile(&p, d);
+        }
+    }
     Ok((out, plan_line))
+}
+
+/// The profile as a markdown table (stdout).
+fn print_profile(p: &redlite_cuda::decoder::TokenProfile, depth: usize) {
+    println!();
+    println!(
+        "where one decode token's GPU time goes, depth {depth}: {:.1} µs with the profiling events, {:.1} µs without ({:.1} tok/s)",
+        p.total_us,
+        p.plain_us,
+        1e6 / p.plain_us.max(1e-9)
+    );
+    println!();
+    println!("| kernel class | µs per token | share | kernels per token | µs per kernel |");
+    println!("|---|---:|---:|---:|---:|");
+    let sum: f64 = p.rows.iter().map(|r| r.1).sum();
+    let kernels: usize = p.rows.iter().map(|r| r.2).sum();
+    for (label, us, k) in &p.rows {
+        println!(
+            "| {label} | {us:.1} | {:.1}% | {k} | {:.2} |",
+            100.0 * us / sum.max(1e-9),
+            us / (*k).max(1) as f64
+        );
+    }
+    println!(
+        "| all | {sum:.1} | 100% | {kernels} | {:.2} |",
+        sum / kernels.max(1) as f64
+    );
 }
 
 /// `redlite parity`: every file against the CPU reference path with f32

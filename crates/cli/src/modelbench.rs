@@ -114,6 +114,11 @@ pub struct ModelBenchArgs {
     /// activations for the formats with int8 kernels.
     #[arg(long)]
     pub f32_activations: bool,
+    /// With --device cuda: after the tests, where one decode token's GPU
+    /// time goes, per kernel class (timing events recorded between the
+    /// classes inside a copy of the token's graph), at each tested depth.
+    #[arg(long)]
+    pub profile: bool,
     /// With --device cuda: launch every kernel with programmatic dependent
     /// launch (PDL: a kernel may start while the previous one finishes,
     /// hiding launch latency; docs/cuda.md).

@@ -61,6 +61,23 @@ struct Capture<'a> {
     side: &'a Gpu,
     pending: Option<CudaEvent>,
     events: Vec<CudaEvent>,
+    /// Profiling: a timing event recorded before each kernel class, with
+    /// its label and the launch count at that point.
+    marks: Option<Vec<(CudaEvent, &'static str, usize)>>,
+}
+
+impl Capture<'_> {
+    /// Profiling only: what runs from here until the next mark is `label`.
+    fn mark(&mut self, gpu: &Gpu, label: &'static str) -> Result<()> {
+        if let Some(m) = &mut self.marks {
+            let ev = gpu
+                .ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            ev.record(&gpu.stream)?;
+            m.push((ev, label, gpu.launch_count()));
+        }
+        Ok(())
+    }
 }
 
 /// `y = W x`, through the int8 kernel when `xq` is given and W's format has
@@ -385,6 +402,7 @@ impl MoeOp {
     ) -> Result<()> {
         let m = self;
         let hq = b.hq.as_ref();
+        cap.mark(gpu, "MoE: router (+ shared-expert gate, pre-gating) GEMV")?;
         m.router.run(gpu, &b.h, hq)?;
         // The previous layer's prefetch into this layer's slots.
         let wait = cap.pending.take();
@@ -421,6 +439,7 @@ impl MoeOp {
             c.fetch(side, true, [&nx.gate, &nx.up, &nx.down], m.fetch_blocks.1)?;
             cap.pending = Some(side.stream.record_event(None)?);
         }
+        cap.mark(gpu, "MoE: top-k (+ cache plan)")?;
         ops::router_topk(
             gpu,
             m.router.part(0),
@@ -460,6 +479,7 @@ impl Op {
         );
         match self {
             Op::Norm { w, eps, add_mix } => {
+                cap.mark(gpu, "RMSNorm (+ residual add)")?;
                 let res = add_mix.then_some(&b.mix);
                 ops::rms_norm(
                     gpu,
@@ -475,7 +495,12 @@ impl Op {
                 )
             }
             Op::Attn(a) => {
+                cap.mark(gpu, "attention: q|k|v GEMV")?;
                 a.qkv.run(gpu, &b.h, b.hq.as_ref())?;
+                cap.mark(
+                    gpu,
+                    "attention: q/k norm + RoPE + KV append, split-K attention, merge",
+                )?;
                 let norms = a.norms.as_ref().map(|(q, k)| (q, k));
                 let (qf, k, v) = (a.qkv.part(0), a.qkv.part(1), a.qkv.part(2));
                 ops::attn_prep(
@@ -506,10 +531,16 @@ impl Op {
                     a.oq.as_ref(),
                     a.scale,
                 )?;
+                cap.mark(gpu, "attention: output GEMV")?;
                 mv(gpu, &a.wo, &a.o, a.oq.as_ref(), &mut b.mix)
             }
             Op::Gdn(g) => {
+                cap.mark(gpu, "DeltaNet: qkv|z|ba GEMV")?;
                 g.inp.run(gpu, &b.h, b.hq.as_ref())?;
+                cap.mark(
+                    gpu,
+                    "DeltaNet: fused step (conv, norms, gates, state, gated norm)",
+                )?;
                 let w = GdnWeights {
                     conv_w: &g.conv_w,
                     dt_bias: &g.dt_bias,
@@ -531,6 +562,7 @@ impl Op {
                     g.eps,
                     L2_EPS,
                 )?;
+                cap.mark(gpu, "DeltaNet: output GEMV")?;
                 mv(gpu, &g.w_out, &g.o, g.oq.as_ref(), &mut b.mix)
             }
             Op::Moe(m) => {
@@ -543,8 +575,10 @@ impl Op {
                     return Ok(());
                 }
                 if let Some(c) = &x.cache {
+                    cap.mark(gpu, "MoE: cache fetch of misses")?;
                     c.fetch(gpu, false, [&x.gate, &x.up, &x.down], m.fetch_blocks.0)?;
                 }
+                cap.mark(gpu, "MoE: routed experts gate|up GEMV + SwiGLU")?;
                 let k = x.k;
                 let ff = x.gate.rows;
                 let kf = k * ff;
@@ -562,6 +596,7 @@ impl Op {
                         ops::swiglu(gpu, (&m.yg, 0), (&m.yu, 0), &m.yg, m.actq.as_ref(), kf)?;
                     }
                 }
+                cap.mark(gpu, "MoE: routed experts down GEMV")?;
                 match &m.actq {
                     Some(q) => {
                         x.down
@@ -572,8 +607,10 @@ impl Op {
                         .gemv(gpu, &m.slots, k, &m.yg, ff, &mut m.yd, DEFAULT_NR)?,
                 }
                 if let Some(s) = &mut m.shared {
+                    cap.mark(gpu, "MoE: shared expert (gate|up, SwiGLU, down)")?;
                     s.run(gpu, &b.h, hq)?;
                 }
+                cap.mark(gpu, "MoE: combine (+ next RMSNorm)")?;
 
                 let norm = m.next_norm.as_ref().map(|(w, eps, q)| ops::NextNorm {
                     w,
@@ -594,10 +631,12 @@ impl Op {
                 )
             }
             Op::Dense(f) => {
+                cap.mark(gpu, "dense FFN")?;
                 f.run(gpu, &b.h, b.hq.as_ref())?;
                 ops::add_inplace(gpu, &b.x, &f.out, d)
             }
             Op::Head { norm, eps, w } => {
+                cap.mark(gpu, "head: RMSNorm + output GEMV")?;
                 let hq = if head_int8(w) { b.hq.as_ref() } else { None };
                 if let Some(n) = norm {
                     ops::rms_norm(gpu, &b.x, None, n, Some(&b.h), hq, 1, d, *eps, false)?;
@@ -986,6 +1025,17 @@ pub struct DecoderOptions {
     pub expert_cache: Option<ExpertCacheOptions>,
 }
 
+/// Where one decode token's GPU time goes ([`CudaDecoder::profile`]).
+#[derive(Clone, Debug)]
+pub struct TokenProfile {
+    /// (kernel class, µs per token, kernels per token), in first-seen order.
+    pub rows: Vec<(&'static str, f64, usize)>,
+    /// The profiled graph's token, first event to last (µs).
+    pub total_us: f64,
+    /// The same token through the plain graph (µs).
+    pub plain_us: f64,
+}
+
 /// The bounded device expert cache ([`crate::expert_cache`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExpertCacheOptions {
@@ -1117,6 +1167,7 @@ impl CudaDecoder {
             side: &self.side,
             pending: None,
             events: Vec::new(),
+            marks: None,
         };
         let (mut graphs, mut points) = (Vec::new(), Vec::new());
         gpu.stream.begin_capture(mode)?;
@@ -1207,6 +1258,116 @@ impl CudaDecoder {
             .with_context(|| format!("reading expert {e} of {}", part.w.name))
         })?;
         cache.point_misses_at_staging(gpu, &misses)
+    }
+
+    /// Where a token's time goes: a second graph of the same ops with a
+    /// timing event before each kernel class, replayed `reps` times at the
+    /// current position (after one warm-up token); the GPU time between
+    /// consecutive events is summed per class. Returns the rows (class,
+    /// µs per token, kernels per token), the profiled token's total and a
+    /// plain graph replay's time for the same token (the events' own cost
+    /// is the difference). Single-graph decoders only.
+    pub fn profile(&mut self, model: &Model, token: u32, reps: usize) -> Result<TokenProfile> {
+        ensure!(
+            self.host_points.is_empty(),
+            "profile: the token is cut into several graphs (experts read from the file)"
+        );
+        let gpu = &self.gpu;
+        gpu.sync()?;
+        let mut cap = Capture {
+            side: &self.side,
+            pending: None,
+            events: Vec::new(),
+            marks: Some(Vec::new()),
+        };
+        gpu.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        let mut res = Ok(());
+        for op in &mut self.ops {
+            res = op.run(gpu, &mut self.bufs, &mut cap, Phase::All);
+            if res.is_err() {
+                break;
+            }
+        }
+        if res.is_ok() {
+            res = cap.mark(gpu, "end");
+        }
+        let graph = gpu.stream.end_capture(CUgraphInstantiate_flags(0));
+        res?;
+        let graph = graph?.context("captured an empty graph")?;
+        let marks = cap.marks.take().unwrap_or_default();
+        drop(cap);
+        let pos = self.pos;
+        let timing = || {
+            self.gpu
+                .ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+        };
+        let (t0, t1) = (timing()?, timing()?);
+        let mut per: Vec<f64> = vec![0.0; marks.len().saturating_sub(1)];
+        let (mut total, mut plain) = (0.0f64, 0.0f64);
+        for rep in 0..=reps {
+            // The profiled graph, then the plain one, at the same position.
+            self.pos = pos;
+            self.write_token(model, token)?;
+            graph.launch()?;
+            self.gpu.sync()?;
+            if rep > 0 {
+                for (i, w) in marks.windows(2).enumerate() {
+                    per[i] += w[0].0.elapsed_ms(&w[1].0)? as f64 * 1e3;
+                }
+                total += marks[0].0.elapsed_ms(&marks[marks.len() - 1].0)? as f64 * 1e3;
+            }
+            self.write_token(model, token)?;
+            t0.record(&self.gpu.stream)?;
+            self.graphs[0].launch()?;
+            t1.record(&self.gpu.stream)?;
+            self.gpu.sync()?;
+            if rep > 0 {
+                plain += t0.elapsed_ms(&t1)? as f64 * 1e3;
+            }
+        }
+        self.pos = pos;
+        let n = reps.max(1) as f64;
+        let mut rows: Vec<(&'static str, f64, usize)> = Vec::new();
+        for (i, w) in marks.windows(2).enumerate() {
+            let kernels = w[1].2 - w[0].2;
+            match rows.iter_mut().find(|r| r.0 == w[0].1) {
+                Some(r) => {
+                    r.1 += per[i] / n;
+                    r.2 += kernels;
+                }
+                None => rows.push((w[0].1, per[i] / n, kernels)),
+            }
+        }
+        Ok(TokenProfile {
+            rows,
+            total_us: total / n,
+            plain_us: plain / n,
+        })
+    }
+
+    /// Write `token`'s embedding row, the position and the token counter
+    /// (the inputs every graph reads).
+    fn write_token(&mut self, model: &Model, token: u32) -> Result<()> {
+        ensure!(
+            self.pos < self.ctx,
+            "context of {} positions is full",
+            self.ctx
+        );
+        let m = self.embd.matrix(model.file())?;
+        ensure!(
+            (token as usize) < m.rows,
+            "token {token} outside the vocabulary"
+        );
+        m.dequantize_row(token as usize, &mut self.row)?;
+        self.tick = self.tick.checked_add(1).context("token counter overflow")?;
+        ensure!(self.tick <= i32::MAX as u32, "token counter overflow");
+        let gpu = &self.gpu;
+        gpu.stream.memcpy_htod(&self.row, &mut self.bufs.x)?;
+        gpu.stream
+            .memcpy_htod(&[self.pos as i32, self.tick as i32], &mut self.bufs.pos)?;
+        Ok(())
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -1318,23 +1479,7 @@ impl CudaDecoder {
     }
 
     fn launch(&mut self, model: &Model, token: u32) -> Result<()> {
-        ensure!(
-            self.pos < self.ctx,
-            "context of {} positions is full",
-            self.ctx
-        );
-        let m = self.embd.matrix(model.file())?;
-        ensure!(
-            (token as usize) < m.rows,
-            "token {token} outside the vocabulary"
-        );
-        m.dequantize_row(token as usize, &mut self.row)?;
-        let gpu = &self.gpu;
-        gpu.stream.memcpy_htod(&self.row, &mut self.bufs.x)?;
-        self.tick = self.tick.checked_add(1).context("token counter overflow")?;
-        ensure!(self.tick <= i32::MAX as u32, "token counter overflow");
-        gpu.stream
-            .memcpy_htod(&[self.pos as i32, self.tick as i32], &mut self.bufs.pos)?;
+        self.write_token(model, token)?;
         for g in 0..self.graphs.len() {
             self.graphs[g].launch()?;
             if let Some(&i) = self.host_points.get(g) {

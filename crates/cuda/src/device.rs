@@ -9,6 +9,9 @@ use std::sync::Arc;
 
 /// One GPU with every kernel of [`kernels::FILES`] loaded.
 pub struct Gpu {
+    /// Kernels launched (or recorded into a graph) through [`Gpu::launch`]
+    /// on this handle: the profile counts kernels per class with it.
+    launches: std::sync::atomic::AtomicUsize,
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     funcs: HashMap<&'static str, CudaFunction>,
@@ -85,6 +88,7 @@ impl Gpu {
             }
         }
         Ok(Self {
+            launches: Default::default(),
             ctx,
             stream,
             funcs,
@@ -99,6 +103,7 @@ impl Gpu {
     /// graph: work on it joins the main stream through events).
     pub fn side(&self) -> Result<Gpu> {
         Ok(Self {
+            launches: Default::default(),
             ctx: self.ctx.clone(),
             stream: self.ctx.new_stream()?,
             funcs: self.funcs.clone(),
@@ -139,6 +144,8 @@ impl Gpu {
         args: &[&dyn KernelArg],
     ) -> Result<()> {
         let f = self.func(name)?.cu_function();
+        self.launches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // The driver API acts on the thread's current context.
         self.ctx.bind_to_thread()?;
         // Pointers to the argument values, which outlive this call; the
@@ -188,6 +195,11 @@ impl Gpu {
         unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
             .result()?;
         Ok(())
+    }
+
+    /// Kernels launched through this handle so far.
+    pub fn launch_count(&self) -> usize {
+        self.launches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Wait for the stream and surface any asynchronous kernel error.
