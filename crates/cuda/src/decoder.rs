@@ -73,7 +73,19 @@ impl Capture<'_> {
             let ev = gpu
                 .ctx
                 .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-            ev.record(&gpu.stream)?;
+            // Recorded as an external event: inside a stream capture a
+            // plain record only orders work within the capture, the
+            // external flag makes it an event record node that timestamps.
+            // SAFETY: both handles are live objects of this context (the
+            // event is kept in `marks` until the graph is done with).
+            unsafe {
+                cudarc::driver::sys::cuEventRecordWithFlags(
+                    ev.cu_event(),
+                    gpu.stream.cu_stream(),
+                    cudarc::driver::sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+                )
+            }
+            .result()?;
             m.push((ev, label, gpu.launch_count()));
         }
         Ok(())
