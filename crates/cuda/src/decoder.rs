@@ -787,19 +787,21 @@ impl Builder<'_> {
         let mut fparts = Vec::new();
         let mut stack = |t: &Weight, rows_total: usize, row0: usize, rows: usize| {
             let ctx = || format!("uploading {}", t.name);
+            let (cols, bytes) = (t.cols(), t.bytes(f));
+            // Pinned cache: every expert into pinned memory, the first
+            // `slots` into the stack; file cache or full residency: the
+            // first `slots` (all of them at full residency) from the file.
+            let st = if cache.is_some() && !from_file {
+                let (st, h) =
+                    ExpertStack::cached(gpu, t.ty, rows_total, row0, rows, cols, e, bytes, slots)
+                        .with_context(ctx)?;
+                hosts.push(h);
+                st
+            } else {
+                ExpertStack::preloaded(gpu, t.ty, rows_total, row0, rows, cols, e, bytes, slots)
+                    .with_context(ctx)?
+            };
             if from_file {
-                let st = ExpertStack::preloaded(
-                    gpu,
-                    t.ty,
-                    rows_total,
-                    row0,
-                    rows,
-                    t.cols(),
-                    e,
-                    t.bytes(f),
-                    slots,
-                )
-                .with_context(ctx)?;
                 fparts.push(FilePart {
                     w: t.clone(),
                     rows_total,
@@ -808,26 +810,8 @@ impl Builder<'_> {
                     n: e,
                     stride: st.stride,
                 });
-                Ok::<_, CudaError>(st)
-            } else if cache.is_some() {
-                let (st, h) = ExpertStack::cached(
-                    gpu,
-                    t.ty,
-                    rows_total,
-                    row0,
-                    rows,
-                    t.cols(),
-                    e,
-                    t.bytes(f),
-                    slots,
-                )
-                .with_context(ctx)?;
-                hosts.push(h);
-                Ok::<_, CudaError>(st)
-            } else {
-                ExpertStack::from_gguf(gpu, t.ty, rows_total, row0, rows, t.cols(), e, t.bytes(f))
-                    .with_context(ctx)
             }
+            Ok::<_, CudaError>(st)
         };
         let (gate, up) = match &w.gate_up {
             ExpertsGateUp::Separate { gate, up } => {

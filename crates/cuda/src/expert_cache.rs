@@ -188,7 +188,7 @@ pub enum HostSet {
     /// Staging entries the host fills with the misses it reads from the
     /// model file (device address and entries per projection); the host
     /// rewrites each miss's expert id to its staging entry before the
-    /// fetch ([`LayerCache::stage_misses`]).
+    /// fetch ([`LayerCache::point_misses_at_staging`]).
     Staged([(u64, usize); 3]),
 }
 
@@ -353,10 +353,11 @@ impl LayerCache {
         };
         // SAFETY: expert_fetch(miss, (src, dst, stride) x 3) reads miss[0]
         // entries of (e, slot < n_slots) written by expert_plan (e <
-        // n_expert) or by stage_misses (e a staging entry < its count), and
-        // copies `stride` bytes from src + e * stride (the mapped host copy
-        // of n_expert experts, or the staging entries) to dst + s * stride
-        // (a stack of n_slots slots of the same stride): checked above.
+        // n_expert) or by point_misses_at_staging (e a staging entry < its
+        // count), and copies `stride` bytes from src + e * stride (the
+        // mapped host copy of n_expert experts, or the staging entries) to
+        // dst + s * stride (a stack of n_slots slots of the same stride):
+        // checked above.
         unsafe {
             gpu.launch(
                 "expert_fetch",

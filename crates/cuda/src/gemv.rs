@@ -447,19 +447,7 @@ impl ExpertStack {
         n: usize,
         gguf: &[u8],
     ) -> Result<Self> {
-        let src = StackSource::new(ty, rows_total, row0, rows, cols, n, gguf)?;
-        let mut host = vec![0u8; src.stride * n];
-        for (e, dst) in host.chunks_mut(src.stride).enumerate() {
-            src.fill(e, dst)?;
-        }
-        Ok(Self {
-            layout: src.layout,
-            rows,
-            cols,
-            n_slots: n,
-            stride: src.stride,
-            buf: gpu.stream.clone_htod(&host)?,
-        })
+        Self::preloaded(gpu, ty, rows_total, row0, rows, cols, n, gguf, n)
     }
 
     /// [`Self::from_gguf`] for a bounded cache: every expert goes into
