@@ -5,10 +5,9 @@ use crate::modelbench::{ModelBenchArgs, TestResult};
 use crate::residency::MemoryArgs;
 use anyhow::{ensure, Context, Result};
 use redlite_cuda::decoder::{CudaDecoder, DecoderOptions, ExpertCacheOptions};
+use redlite_cuda::device_plan::{plan_device, DevicePlanInput, ExpertSource};
 use redlite_cuda::parity::parity;
 use redlite_cuda::Gpu;
-use redlite_model::expertcache::plan::{human, DEFAULT_RESERVE};
-use redlite_model::expertcache::{plan, ExpertResidency, PlanInput};
 use redlite_model::Model;
 use std::time::Instant;
 
@@ -49,85 +48,29 @@ pub fn device_plan(
         .find(|t| t.name == "token_embd.weight")
         .map_or(0, |t| t.n_bytes);
     let moe_layers: Vec<_> = layout.layers.iter().flatten().collect();
-    let n_layers = moe_layers.len() as u64;
     let (kv_per_pos, recurrent) = model.state_bytes();
-    let k = model.n_expert_used() as u64;
-    let input = PlanInput {
+    let input = DevicePlanInput {
         dense_bytes: dense - embd,
         expert_bytes: experts,
-        n_experts: layout.n_experts(),
+        moe_layers: moe_layers.len() as u64,
+        experts_per_layer: moe_layers.first().map_or(0, |l| l.n_expert as u64),
         slot_bytes: layout.slot_bytes(),
-        n_used: k * n_layers,
+        k: model.n_expert_used() as u64,
         state_bytes: kv_per_pos * ctx as u64 + recurrent,
         ctx: ctx as u64,
-        available: Some(free as u64),
+        device_free: free as u64,
+        device_total: total as u64,
         memory: mem.memory,
         expert_cache: mem.expert_cache,
-        reserve: DEFAULT_RESERVE,
+        host_available: memory_available(),
+        source: match mem.expert_source.as_str() {
+            "pinned" => ExpertSource::Pinned,
+            "file" => ExpertSource::File,
+            _ => ExpertSource::Auto,
+        },
+        pregate: mem.pregate.is_none_or(|n| n > 0),
     };
-    let p = plan(input).map_err(|e| anyhow::anyhow!("device memory plan: {e}"))?;
-    let i = &p.input;
-    let budget = match (p.budget, i.memory) {
-        (Some(b), Some(m)) if m == b => format!("{} (--memory)", human(b)),
-        (Some(b), _) => format!(
-            "{} (free on the device of {})",
-            human(b),
-            human(total as u64)
-        ),
-        (None, _) => "unlimited".into(),
-    };
-    let head = format!(
-        "memory plan (cuda): budget {budget} | on the device: dense {} + state {} for {ctx} positions + reserve {}",
-        human(i.dense_bytes),
-        human(i.state_bytes),
-        human(i.reserve)
-    );
-    match p.experts {
-        ExpertResidency::Cached { slots } if n_layers > 0 => {
-            let e_per_layer = moe_layers[0].n_expert as u64;
-            let per_layer = (slots / n_layers).max(k).min(e_per_layer);
-            let host = memory_available();
-            let pinned_fits = host.is_none_or(|a| experts + (1 << 30) <= a);
-            let from_file = match mem.expert_source.as_str() {
-                "file" => true,
-                "pinned" => {
-                    ensure!(
-                        pinned_fits,
-                        "device memory plan: --expert-source pinned needs {} + 1 GiB of RAM for the experts, but {} is available (use --expert-source file)",
-                        human(experts),
-                        human(host.unwrap_or(0))
-                    );
-                    false
-                }
-                _ => !pinned_fits,
-            };
-            let mut c = ExpertCacheOptions::new(per_layer as usize);
-            c.from_file = from_file;
-            c.pregate = !from_file && mem.pregate.is_none_or(|n| n > 0);
-            let source = if from_file {
-                format!(
-                    "misses read from the file by the host ({} of RAM available; graph cut after each MoE layer's plan)",
-                    host.map_or("unknown".into(), human)
-                )
-            } else {
-                format!(
-                    "every expert in pinned host memory ({}), misses copied over PCIe",
-                    human(experts)
-                )
-            };
-            let line = format!(
-                "{head} + expert cache {}: {per_layer} of {e_per_layer} slots per MoE layer x {n_layers} layers ({:.1}% of the experts), LRU, pre-gating {} | {source}",
-                human(per_layer * n_layers * i.slot_bytes),
-                100.0 * per_layer as f64 / e_per_layer as f64,
-                if c.pregate { "on" } else { "off" },
-            );
-            Ok((Some(c), line))
-        }
-        _ => Ok((
-            None,
-            format!("{head} + every expert ({}) resident", human(experts)),
-        )),
-    }
+    Ok(plan_device(&input)?)
 }
 
 fn memory_available() -> Option<u64> {

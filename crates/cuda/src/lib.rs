@@ -37,6 +37,7 @@
 pub mod bench;
 pub mod decoder;
 pub mod device;
+pub mod device_plan;
 pub mod error;
 pub mod expert_cache;
 pub mod gemv;

@@ -1,0 +1,225 @@
+//! The device memory plan: what goes on the GPU, how many expert slots
+//! each MoE layer keeps, and where misses come from. Pure (no device): the
+//! caller measures free device memory and available RAM; the numbers in,
+//! the decision and its one start-up line out, or a refusal with the
+//! numbers before anything is uploaded.
+
+use crate::decoder::ExpertCacheOptions;
+use crate::error::{CudaError, Result};
+use redlite_model::expertcache::plan::{human, DEFAULT_RESERVE};
+use redlite_model::expertcache::{plan, ExpertResidency, PlanInput};
+
+/// Where the misses of a bounded device cache are copied from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertSource {
+    /// Pinned when the experts fit in the available RAM (+ 1 GiB), else
+    /// the file.
+    Auto,
+    Pinned,
+    File,
+}
+
+/// What the plan is made from.
+#[derive(Clone, Debug)]
+pub struct DevicePlanInput {
+    /// Weights that go on the device besides the routed experts (the token
+    /// embedding stays on the host and is not counted).
+    pub dense_bytes: u64,
+    /// All routed experts.
+    pub expert_bytes: u64,
+    /// MoE layers and experts per layer.
+    pub moe_layers: u64,
+    pub experts_per_layer: u64,
+    /// Bytes of the largest expert (gate + up + down).
+    pub slot_bytes: u64,
+    /// Experts a token uses per layer.
+    pub k: u64,
+    /// KV cache and DeltaNet state for `ctx` positions.
+    pub state_bytes: u64,
+    pub ctx: u64,
+    /// Free and total device memory.
+    pub device_free: u64,
+    pub device_total: u64,
+    /// `--memory`, `--expert-cache`.
+    pub memory: Option<u64>,
+    pub expert_cache: Option<u64>,
+    /// RAM available to this process (MemAvailable, cgroup limit).
+    pub host_available: Option<u64>,
+    pub source: ExpertSource,
+    /// Pre-gating wanted (it needs pinned experts).
+    pub pregate: bool,
+}
+
+/// RAM kept free beside the pinned experts.
+const HOST_MARGIN: u64 = 1 << 30;
+
+/// Decide. `Ok((None, line))`: every expert resident on the device.
+pub fn plan_device(i: &DevicePlanInput) -> Result<(Option<ExpertCacheOptions>, String)> {
+    let invalid = |m: String| CudaError::Invalid(format!("device memory plan: {m}"));
+    let p = plan(PlanInput {
+        dense_bytes: i.dense_bytes,
+        expert_bytes: i.expert_bytes,
+        n_experts: i.moe_layers * i.experts_per_layer,
+        slot_bytes: i.slot_bytes,
+        // Every layer's pool must hold a token's experts.
+        n_used: i.k * i.moe_layers,
+        state_bytes: i.state_bytes,
+        ctx: i.ctx,
+        available: Some(i.device_free),
+        memory: i.memory,
+        expert_cache: i.expert_cache,
+        reserve: DEFAULT_RESERVE,
+    })
+    .map_err(|e| invalid(e.to_string()))?;
+    let budget = match (p.budget, i.memory) {
+        (Some(b), Some(m)) if m == b => format!("{} (--memory)", human(b)),
+        (Some(b), _) => format!(
+            "{} (free on the device of {})",
+            human(b),
+            human(i.device_total)
+        ),
+        (None, _) => "unlimited".into(),
+    };
+    let head = format!(
+        "memory plan (cuda): budget {budget} | on the device: dense {} + state {} for {} positions + reserve {}",
+        human(i.dense_bytes),
+        human(i.state_bytes),
+        i.ctx,
+        human(DEFAULT_RESERVE)
+    );
+    let slots = match p.experts {
+        ExpertResidency::Cached { slots } if i.moe_layers > 0 => slots,
+        _ => {
+            let line = format!("{head} + every expert ({}) resident", human(i.expert_bytes));
+            return Ok((None, line));
+        }
+    };
+    let per_layer = (slots / i.moe_layers).max(i.k).min(i.experts_per_layer);
+    let pinned_fits = i
+        .host_available
+        .is_none_or(|a| i.expert_bytes + HOST_MARGIN <= a);
+    let from_file = match i.source {
+        ExpertSource::File => true,
+        ExpertSource::Pinned if !pinned_fits => {
+            return Err(invalid(format!(
+                "--expert-source pinned needs {} + {} of RAM for the experts, but {} is available (use --expert-source file)",
+                human(i.expert_bytes),
+                human(HOST_MARGIN),
+                human(i.host_available.unwrap_or(0))
+            )))
+        }
+        ExpertSource::Pinned => false,
+        ExpertSource::Auto => !pinned_fits,
+    };
+    let mut c = ExpertCacheOptions::new(per_layer as usize);
+    c.from_file = from_file;
+    c.pregate = !from_file && i.pregate;
+    let source = if from_file {
+        format!(
+            "misses read from the file by the host ({} of RAM available; graph cut after each MoE layer's plan)",
+            i.host_available.map_or("unknown".into(), human)
+        )
+    } else {
+        format!(
+            "every expert in pinned host memory ({}), misses copied over PCIe",
+            human(i.expert_bytes)
+        )
+    };
+    let line = format!(
+        "{head} + expert cache {}: {per_layer} of {} slots per MoE layer x {} layers ({:.1}% of the experts), LRU, pre-gating {} | {source}",
+        human(per_layer * i.moe_layers * i.slot_bytes),
+        i.experts_per_layer,
+        i.moe_layers,
+        100.0 * per_layer as f64 / i.experts_per_layer as f64,
+        if c.pregate { "on" } else { "off" },
+    );
+    Ok((Some(c), line))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    /// 4 MoE layers x 16 experts of 64 MiB (4 GiB of experts), k = 4,
+    /// dense 1 GiB, state 512 MiB; with the 512 MiB reserve the fixed part
+    /// is 2 GiB.
+    fn input() -> DevicePlanInput {
+        DevicePlanInput {
+            dense_bytes: GIB,
+            expert_bytes: 4 * GIB,
+            moe_layers: 4,
+            experts_per_layer: 16,
+            slot_bytes: 64 * MIB,
+            k: 4,
+            state_bytes: 512 * MIB,
+            ctx: 4096,
+            device_free: 80 * GIB,
+            device_total: 80 * GIB,
+            memory: None,
+            expert_cache: None,
+            host_available: Some(64 * GIB),
+            source: ExpertSource::Auto,
+            pregate: true,
+        }
+    }
+
+    #[test]
+    fn everything_fits() {
+        let (c, line) = plan_device(&input()).unwrap();
+        assert!(c.is_none());
+        assert!(line.contains("every expert (4.00 GiB) resident"), "{line}");
+    }
+
+    #[test]
+    fn budget_gives_slots_per_layer() {
+        // 4 GiB - 2 GiB fixed = 2 GiB = 32 slots of 64 MiB = 8 per layer.
+        let mut i = input();
+        i.memory = Some(4 * GIB);
+        let (c, line) = plan_device(&i).unwrap();
+        let c = c.unwrap();
+        assert_eq!(
+            (c.slots_per_layer, c.pregate, c.from_file),
+            (8, true, false)
+        );
+        assert!(
+            line.contains("8 of 16 slots per MoE layer x 4 layers (50.0% of the experts)"),
+            "{line}"
+        );
+        assert!(line.contains("budget 4.00 GiB (--memory)"), "{line}");
+        // --expert-cache 1 GiB: 16 slots = 4 per layer, the minimum.
+        i.expert_cache = Some(GIB);
+        assert_eq!(plan_device(&i).unwrap().0.unwrap().slots_per_layer, 4);
+    }
+
+    #[test]
+    fn too_small_is_refused_with_the_numbers() {
+        // 2 GiB + 100 MiB leaves one slot; a token needs 4 per layer (16).
+        let mut i = input();
+        i.memory = Some(2 * GIB + 100 * MIB);
+        let e = plan_device(&i).unwrap_err().to_string();
+        assert!(
+            e.contains("does not fit") && e.contains("16 slots of 64.00 MiB"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn short_ram_reads_misses_from_the_file() {
+        let mut i = input();
+        i.memory = Some(4 * GIB);
+        i.host_available = Some(4 * GIB); // < 4 GiB of experts + 1 GiB
+        let (c, line) = plan_device(&i).unwrap();
+        let c = c.unwrap();
+        assert!(c.from_file && !c.pregate);
+        assert!(line.contains("misses read from the file"), "{line}");
+        i.source = ExpertSource::Pinned;
+        let e = plan_device(&i).unwrap_err().to_string();
+        assert!(e.contains("--expert-source pinned needs 4.00 GiB"), "{e}");
+        i.source = ExpertSource::File;
+        i.host_available = Some(64 * GIB);
+        assert!(plan_device(&i).unwrap().0.unwrap().from_file);
+    }
+}
