@@ -516,6 +516,9 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
                 prompt(&model, p, &mut rng)?;
             }
             for i in 0..reps {
+                if let Some(c) = model.expert_cache() {
+                    c.reset_stats();
+                }
                 let s = prompt(&model, p, &mut rng)?;
                 eprintln!(
                     "redlite bench: {} run {}/{reps}: {:.2} tok/s",
@@ -523,6 +526,13 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
                     i + 1,
                     p as f64 / s
                 );
+                if let Some(c) = model.expert_cache() {
+                    // A batch reads each layer's experts for all its tokens:
+                    // the counters say how much of that the cache held.
+                    let st = c.stats();
+                    eprintln!("redlite bench: {}", crate::residency::stats_line(&st, p));
+                    cache_stats.push((r.name(), st));
+                }
                 r.secs.push(s);
             }
         } else {
