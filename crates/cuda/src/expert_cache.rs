@@ -1,7 +1,9 @@
 //! The bounded device expert cache (issue 8): per MoE layer a pool of
-//! expert slots in device memory, every expert in pinned host memory, and
-//! two kernels (`kernels/expert_cache.cu`) that decide hits and evictions
-//! and copy the misses on the device, inside the token's CUDA graph.
+//! expert slots in device memory, every expert in pinned host memory (or,
+//! when RAM is short, staging entries the host fills from the model file:
+//! [`HostSet::Staged`]), and two kernels (`kernels/expert_cache.cu`) that
+//! decide hits and evictions and copy the misses on the device, inside the
+//! token's CUDA graph.
 //!
 //! Why on the device: the routing is known only on the device, mid-token.
 //! Asking the host would cut the graph at every MoE layer (a launch, a
