@@ -87,14 +87,19 @@ pub fn plan_device(i: &DevicePlanInput) -> Result<(Option<ExpertCacheOptions>, S
         i.ctx,
         human(DEFAULT_RESERVE)
     );
+    let resident = || {
+        let line = format!("{head} + every expert ({}) resident", human(i.expert_bytes));
+        Ok((None, line))
+    };
     let slots = match p.experts {
         ExpertResidency::Cached { slots } if i.moe_layers > 0 => slots,
-        _ => {
-            let line = format!("{head} + every expert ({}) resident", human(i.expert_bytes));
-            return Ok((None, line));
-        }
+        _ => return resident(),
     };
     let per_layer = (slots / i.moe_layers).max(i.k).min(i.experts_per_layer);
+    if per_layer >= i.experts_per_layer {
+        // An --expert-cache as large as every expert: no cache needed.
+        return resident();
+    }
     let pinned_fits = i
         .host_available
         .is_none_or(|a| i.expert_bytes + HOST_MARGIN <= a);
@@ -192,6 +197,14 @@ mod tests {
         // --expert-cache 1 GiB: 16 slots = 4 per layer, the minimum.
         i.expert_cache = Some(GIB);
         assert_eq!(plan_device(&i).unwrap().0.unwrap().slots_per_layer, 4);
+    }
+
+    #[test]
+    fn a_cache_of_every_expert_is_full_residency() {
+        let mut i = input();
+        i.expert_cache = Some(8 * GIB);
+        let (c, line) = plan_device(&i).unwrap();
+        assert!(c.is_none() && line.contains("resident"), "{line}");
     }
 
     #[test]
