@@ -17,19 +17,10 @@
 #   budgets   decode tok/s, hit rate and PCIe bytes per token at BUDGETS
 #             (device memory; "full" = no budget), alternating, ROUNDS times
 set -uo pipefail
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$ROOT"
-OUT="${OUT:-$ROOT/bench/gpu/out}"
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-R="${REDLITE:-$ROOT/.bench-bin/redlite}"
-[[ -x $R ]] || R="$ROOT/target/release/redlite"
-[[ -x $R ]] || { echo "no redlite binary (carry .bench-bin)"; exit 2; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 F=tests/fixtures/qwen3next
 LAYOUT="${LAYOUT:-iq2}"
-WORK=/dev/shm/redlite-bench
 M="$WORK/synth-$LAYOUT-s0.gguf"
-mkdir -p "$WORK"
 exec > >(tee -a "$OUT/cache.log") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 # A budget: "full" (no budget), or a size ("8G"), optionally "-file" (misses

@@ -14,18 +14,9 @@
 #   bench     decode tok/s on a full-size synth file (LAYOUT, default iq2)
 #             at DEPTHS (default 0,4096,32768), ACTS int8 and/or f32
 set -uo pipefail
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$ROOT"
-OUT="${OUT:-$ROOT/bench/gpu/out}"
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-R="${REDLITE:-$ROOT/.bench-bin/redlite}"
-[[ -x $R ]] || R="$ROOT/target/release/redlite"
-[[ -x $R ]] || { echo "no redlite binary (carry .bench-bin)"; exit 2; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 F=tests/fixtures/qwen3next
 LAYOUT="${LAYOUT:-iq2}"
-WORK=/dev/shm/redlite-bench
-mkdir -p "$WORK"
 exec > >(tee -a "$OUT/cuda.log") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fail=0

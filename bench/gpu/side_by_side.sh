@@ -23,15 +23,7 @@
 #             weights on the device, both engines, alternating per round
 # Everything is logged to $OUT/side.log; result lines start with "RESULT".
 set -uo pipefail
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$ROOT"
-OUT="${OUT:-$ROOT/bench/gpu/out}"
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-WORK=/dev/shm/redlite-bench
-mkdir -p "$WORK"
-[[ -f .bench-bin/redlite.gz && ! -x .bench-bin/redlite ]] && gunzip -kf .bench-bin/redlite.gz && chmod +x .bench-bin/redlite
-R="${REDLITE:-$ROOT/.bench-bin/redlite}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 LB="$WORK/llama-build/bin"
 NPROC=$(nproc)
 exec > >(tee -a "$OUT/side.log") 2>&1

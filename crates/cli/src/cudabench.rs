@@ -62,7 +62,7 @@ pub fn device_plan(
         device_total: total as u64,
         memory: mem.memory,
         expert_cache: mem.expert_cache,
-        host_available: memory_available(),
+        host_available: crate::memory::available_bytes(),
         source: match mem.expert_source.as_str() {
             "pinned" => ExpertSource::Pinned,
             "file" => ExpertSource::File,
@@ -71,10 +71,6 @@ pub fn device_plan(
         pregate: mem.pregate.is_none_or(|n| n > 0),
     };
     Ok(plan_device(&input)?)
-}
-
-fn memory_available() -> Option<u64> {
-    crate::memory::available_bytes()
 }
 
 /// The decode tests of `tests` on the GPU: per depth D the position is set

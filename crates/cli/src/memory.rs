@@ -1,6 +1,7 @@
 //! What the machine has: RAM and the cgroup limit, for the start-up
 //! statement of what will be resident and the refusal of runs that cannot fit.
 
+pub use redlite_model::expertcache::plan::human;
 pub use redlite_model::expertcache::residency::{available_bytes, cgroup_limit_bytes};
 
 /// How the model file's bytes are held: `--mmap` maps it (pages read on
@@ -37,20 +38,5 @@ pub fn weights_residency(file: &redlite_gguf::GgufFile) -> &'static str {
         "read into memory (huge pages)"
     } else {
         "mapped from the file"
-    }
-}
-
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
     }
 }

@@ -919,7 +919,14 @@ impl Builder<'_> {
             router,
             router_parts: parts,
             has_shared_gate: w.shared_gate.is_some(),
-            fetch_blocks: cache.map_or((0, 0), |c| (c.fetch_blocks, c.prefetch_blocks)),
+            fetch_blocks: cache.map_or((0, 0), |c| {
+                let per_sm = if c.fetch_blocks == 0 {
+                    gpu.sms as u32
+                } else {
+                    c.fetch_blocks
+                };
+                (per_sm, c.prefetch_blocks)
+            }),
             prefetch: None,
             file,
             slots: gpu.stream.alloc_zeros(k)?,
@@ -1041,8 +1048,9 @@ pub struct ExpertCacheOptions {
     /// Prefetch the next layer's experts chosen by its router on this
     /// layer's input.
     pub pregate: bool,
-    /// Thread blocks of the copy of a routed miss (on the critical path),
-    /// and of a prefetch (beside compute: fewer, so compute keeps the SMs).
+    /// Thread blocks of the copy of a routed miss (on the critical path;
+    /// 0: one per SM), and of a prefetch (beside compute: fewer, so
+    /// compute keeps the SMs).
     pub fetch_blocks: u32,
     pub prefetch_blocks: u32,
     /// Misses read from the model file by the host (through the page
@@ -1058,7 +1066,7 @@ impl ExpertCacheOptions {
         Self {
             slots_per_layer,
             pregate: true,
-            fetch_blocks: 132,
+            fetch_blocks: 0,
             prefetch_blocks: 16,
             from_file: false,
         }
@@ -1418,11 +1426,6 @@ impl CudaDecoder {
             })
             .map(|e| Ok(self.gpu.stream.clone_dtoh(e)?))
             .collect()
-    }
-
-    /// The expert cache options in use (None: full residency).
-    pub fn expert_cache(&self) -> Option<ExpertCacheOptions> {
-        self.cache
     }
 
     /// Expert cache counters per MoE layer since the decoder was built

@@ -34,6 +34,7 @@ use crate::error::{ensure, Context, Result};
 use crate::gemv::ExpertStack;
 use crate::ops::dptr;
 use cudarc::driver::{CudaSlice, LaunchConfig, PinnedHostSlice};
+use rayon::prelude::*;
 
 /// `slot_of` / `expert_in` value of an empty entry.
 pub const SLOT_NONE: u32 = u32::MAX;
@@ -77,7 +78,7 @@ pub struct HostExperts {
 
 impl HostExperts {
     /// `n` experts of `stride` bytes each, filled by `fill(expert, bytes)`
-    /// on several threads.
+    /// on rayon's workers.
     pub fn new(
         gpu: &Gpu,
         stride: usize,
@@ -94,31 +95,10 @@ impl HostExperts {
         // written by `fill` below before anything reads it (each expert's
         // `stride` bytes are handed to `fill` whole).
         let mut buf = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(stride * n, flags) }?;
-        {
-            let bytes = buf.as_mut_slice()?;
-            let threads = std::thread::available_parallelism().map_or(4, |t| t.get().min(16));
-            let per = n.div_ceil(threads);
-            std::thread::scope(|s| {
-                let hs: Vec<_> = bytes
-                    .chunks_mut(per * stride)
-                    .enumerate()
-                    .map(|(ci, chunk)| {
-                        let fill = &fill;
-                        s.spawn(move || {
-                            for (j, e) in chunk.chunks_mut(stride).enumerate() {
-                                fill(ci * per + j, e)?;
-                            }
-                            Ok::<(), crate::CudaError>(())
-                        })
-                    })
-                    .collect();
-                hs.into_iter().try_for_each(|h| {
-                    h.join().map_err(|_| {
-                        crate::CudaError::Invalid("expert copy thread panicked".into())
-                    })?
-                })
-            })?;
-        }
+        buf.as_mut_slice()?
+            .par_chunks_mut(stride)
+            .enumerate()
+            .try_for_each(|(e, dst)| fill(e, dst))?;
         let host = buf.as_ptr()? as *mut std::ffi::c_void;
         let mut dev: cudarc::driver::sys::CUdeviceptr = 0;
         // SAFETY: `host` was returned by cuMemHostAlloc with DEVICEMAP in
@@ -131,10 +111,6 @@ impl HostExperts {
             stride,
             n,
         })
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.buf.num_bytes()
     }
 
     /// The device address of the first entry.
@@ -370,12 +346,6 @@ impl LayerCache {
                 ],
             )
         }
-    }
-
-    /// Whether every expert is in pinned host memory (else staged from the
-    /// file by the host).
-    pub fn is_pinned(&self) -> bool {
-        self.pinned.is_some()
     }
 
     /// Every expert's pinned host copy of projection `p`, when pinned.

@@ -323,8 +323,9 @@ impl DeviceMatrix {
 
 /// The experts of one stacked tensor (e.g. `blk.N.ffn_up_exps`), each a
 /// `rows` x `cols` matrix in its own slot of `stride` bytes (256-byte
-/// aligned). Which expert sits in which slot is the
-/// [`crate::slots::SlotTable`]'s business; kernels see slot indices only.
+/// aligned). Which expert sits in which slot is the router's (identity)
+/// or the [`crate::expert_cache`]'s business; kernels see slot indices
+/// only.
 pub struct ExpertStack {
     pub layout: DeviceLayout,
     pub rows: usize,
@@ -351,13 +352,6 @@ pub fn expert_image(
 ) -> Result<()> {
     ensure!(e < n, "expert {e} of {n}");
     StackSource::new(ty, rows_total, row0, rows, cols, n, gguf)?.fill(e, dst)
-}
-
-/// Bytes of one slot of a stack of `ty` experts of `rows` x `cols`.
-pub fn expert_stride(ty: GgmlType, rows: usize, cols: usize) -> Result<usize> {
-    Ok(upload_layout(ty, cols)?
-        .matrix_bytes(rows, cols)?
-        .next_multiple_of(256))
 }
 
 /// Where the experts of a stacked GGUF tensor come from, and how one
@@ -397,6 +391,20 @@ impl<'a> StackSource<'a> {
             rows,
             cols,
             gguf,
+        })
+    }
+
+    /// A stack of `n_slots` slots whose first slots hold `images` (whole
+    /// slot images, experts 0.. in order).
+    fn stack(&self, gpu: &Gpu, n_slots: usize, images: &[u8]) -> Result<ExpertStack> {
+        ensure!(images.len() == n_slots * self.stride, "slot images");
+        Ok(ExpertStack {
+            layout: self.layout,
+            rows: self.rows,
+            cols: self.cols,
+            n_slots,
+            stride: self.stride,
+            buf: gpu.stream.clone_htod(images)?,
         })
     }
 
@@ -472,18 +480,8 @@ impl ExpertStack {
         let src = StackSource::new(ty, rows_total, row0, rows, cols, n, gguf)?;
         let host =
             crate::expert_cache::HostExperts::new(gpu, src.stride, n, |e, dst| src.fill(e, dst))?;
-        let buf = gpu.stream.clone_htod(host.prefix(n_slots)?)?;
-        Ok((
-            Self {
-                layout: src.layout,
-                rows,
-                cols,
-                n_slots,
-                stride: src.stride,
-                buf,
-            },
-            host,
-        ))
+        let stack = src.stack(gpu, n_slots, host.prefix(n_slots)?)?;
+        Ok((stack, host))
     }
 
     /// [`Self::from_gguf`] with only `n_slots` slots, holding experts
@@ -510,14 +508,7 @@ impl ExpertStack {
         for (e, dst) in host.chunks_mut(src.stride).enumerate() {
             src.fill(e, dst)?;
         }
-        Ok(Self {
-            layout: src.layout,
-            rows,
-            cols,
-            n_slots,
-            stride: src.stride,
-            buf: gpu.stream.clone_htod(&host)?,
-        })
+        src.stack(gpu, n_slots, &host)
     }
 
     /// Write one expert's GGUF-order bytes into `slot`.

@@ -7,7 +7,8 @@
 //!   aligned, f16 scales split out; formats without a kernel dequantized to
 //!   F32).
 //! - [`gemv`]: decode GEMV launches, one matrix or routed experts through
-//!   [`slots`] (the expert slot table). Two activation paths: f32 x
+//!   slot indices (the slot table is the identity at full residency, the
+//!   [`expert_cache`]'s device tables otherwise). Two activation paths: f32 x
 //!   (`DeviceMatrix::gemv`, every format) and int8 x (`Q8Vec`, then
 //!   `gemv_q8` for the formats of `gemv::Q8_TYPES`,
 //!   `ExpertStack::gemv_gate_up_q8` and `DeviceMatrix::gemv_q8_pair`):
@@ -31,8 +32,8 @@
 //! `redlite parity`).
 //!
 //! No CUDA type crosses into `redlite-model`: the model only describes its
-//! stages; callers get `Gpu`, `CudaDecoder`, `DeviceMatrix`, `ExpertStack`,
-//! `SlotTable` and plain slices.
+//! stages; callers get `Gpu`, `CudaDecoder`, `DeviceMatrix`, `ExpertStack`
+//! and plain slices.
 
 pub mod bench;
 pub mod decoder;
@@ -49,14 +50,12 @@ pub mod parity;
 pub mod reference;
 pub mod selftest;
 pub mod selftest_ops;
-pub mod slots;
 pub mod tables_cuh;
 pub mod testdata;
 
 pub use device::Gpu;
 pub use error::{CudaError, Result};
 pub use gemv::{DeviceMatrix, ExpertStack};
-pub use slots::SlotTable;
 
 /// `redlite selftest`: open GPU 0, run every kernel against float64
 /// references, print the table. Errors if any kernel fails. `pdl`: every

@@ -1,0 +1,18 @@
+# Sourced by the bench/gpu scripts, ON THE GPU MACHINE: the repo root as
+# the working directory, $OUT for logs, the CUDA libraries on the loader
+# path, $WORK (/dev/shm) for synth files and builds, and $R, the redlite
+# binary (.bench-bin/redlite, unpacked from .bench-bin/redlite.gz if that
+# is what was carried; else target/release/redlite).
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/bench/gpu/out}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+WORK=/dev/shm/redlite-bench
+mkdir -p "$WORK"
+if [[ -f .bench-bin/redlite.gz && ! -x .bench-bin/redlite ]]; then
+  gunzip -kf .bench-bin/redlite.gz && chmod +x .bench-bin/redlite
+fi
+R="${REDLITE:-$ROOT/.bench-bin/redlite}"
+[[ -x $R ]] || R="$ROOT/target/release/redlite"
+[[ -x $R ]] || { echo "no redlite binary (carry .bench-bin)"; exit 2; }
