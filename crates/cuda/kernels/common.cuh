@@ -107,3 +107,45 @@ __device__ __forceinline__ void warp_q8(float v, int i, signed char* __restrict_
     q[i] = (signed char)__float2int_rn(v * id);
     if ((i & 31) == 0) qd[i >> 5] = a / 127.f;
 }
+
+// A grid-wide RMSNorm finished by the last block to arrive, so the norm
+// that follows a kernel needs no launch of its own (~2 µs per dependent
+// launch in a graph). Every thread of every block calls it once, after its
+// block's values of x are written, with `ss` = the f64 sum of squares of
+// the x values it wrote (0 if none). The block sums go to partial[bid];
+// the block whose count brings `counter` to nblocks reads them all (in
+// index order: the result does not depend on which block came last),
+// writes h = x * s * norm_w (s = 1 / sqrt(mean(x^2) + eps), the arithmetic
+// of norm.cu), and int8 activations when q is given (d % 32 == 0,
+// blockDim % 32 == 0), and resets the counter for the next launch.
+// x is read through L2 (__ldcg): other blocks wrote it, this SM's L1 may
+// hold none of it but must not serve a stale line.
+__device__ __forceinline__ void tail_rms_norm(double ss, u32* __restrict__ counter,
+                                              double* __restrict__ partial, int nblocks, int bid,
+                                              const float* x, const float* __restrict__ norm_w,
+                                              float eps, int d, float* __restrict__ h,
+                                              signed char* __restrict__ q,
+                                              float* __restrict__ qd) {
+    __shared__ double tail_scratch[32];
+    __shared__ int tail_last;
+    __threadfence();  // this thread's x writes, before the block is counted
+    ss = block_sum_f64(ss, tail_scratch);
+    if (threadIdx.x == 0) {
+        partial[bid] = ss;
+        __threadfence();
+        tail_last = atomicAdd(counter, 1u) == (u32)(nblocks - 1);
+    }
+    __syncthreads();
+    if (!tail_last) return;
+    __threadfence();
+    double t = 0.0;
+    for (int i = threadIdx.x; i < nblocks; i += blockDim.x) t += __ldcg(partial + i);
+    t = block_sum_f64(t, tail_scratch);
+    const float s = (float)(1.0 / sqrt(t / (double)d + (double)eps));
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        const float v = __fmul_rn(__fmul_rn(__ldcg(x + j), s), norm_w[j]);
+        h[j] = v;
+        if (q) warp_q8(v, j, q, qd);
+    }
+    if (threadIdx.x == 0) *counter = 0u;
+}

@@ -419,13 +419,33 @@ __device__ __forceinline__ int q8_lanes_per_row(int nch) {
     return nch >= 32 ? 32 : nch >= 16 ? 16 : nch >= 8 ? 8 : 4;
 }
 
+// The residual add and RMSNorm that follow a mixer's output projection,
+// run by the GEMV itself (`tail` non-null; one matrix): each row's writer
+// also adds y[row] into x[row] (the residual stream), and the last block
+// to finish normalises x into h (and its int8 form) with common.cuh
+// tail_rms_norm: what norm.cu's rms_norm(x, res = y) would compute, one
+// launch fewer. Filled by the host (src/gemv.rs `NormTail`): 7 pointers,
+// then eps.
+struct NormTail {
+    float* x;
+    const float* norm_w;
+    float* h;
+    signed char* q;
+    float* qd;
+    u32* counter;
+    double* partial;
+    float eps;
+    int pad;
+};
+
 template <class T, int NR, bool SG>
 __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
                                              int n_first, u64 mat_bytes,
                                              const u32* __restrict__ slots,
                                              const signed char* __restrict__ xq,
                                              const float* __restrict__ xd, long long x_stride,
-                                             float* __restrict__ y, int rows, int nb) {
+                                             float* __restrict__ y, int rows, int nb,
+                                             const NormTail* __restrict__ tail) {
     constexpr int XV = T::XV, DX = T::DX;
     __shared__ uint2 sgrid[SG ? 256 : 1];
     const uint2* grid = reinterpret_cast<const uint2*>(iq2xxs_grid);
@@ -447,7 +467,11 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
     const int lane = threadIdx.x & 31, cl = lane & (spr - 1);
     const int warp_rows = NR * (32 / spr);
     const int wrow0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * warp_rows;
-    if (wrow0 >= rows) return;  // warp-uniform, after the only barrier
+    // Warp-uniform; without a tail after the only barrier (a tail has
+    // barriers of its own: every warp must reach it).
+    if (wrow0 >= rows && !tail) return;
+    double ss = 0.0;
+    if (wrow0 < rows) {
     const int row0 = wrow0 + (lane / spr) * NR;
     float acc[NR];
     const u8* rp[NR];
@@ -485,8 +509,20 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
     for (int r = 0; r < NR; r++) {
         float s = acc[r];
         for (int o = spr >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (cl == 0 && row0 + r < rows) y[row0 + r] = s;
+        if (cl == 0 && row0 + r < rows) {
+            y[row0 + r] = s;
+            if (tail) {
+                const float v = __fadd_rn(tail->x[row0 + r], s);
+                tail->x[row0 + r] = v;
+                ss += (double)v * (double)v;
+            }
+        }
     }
+    }
+    if (tail)
+        tail_rms_norm(ss, tail->counter, tail->partial, gridDim.x * gridDim.y,
+                      blockIdx.y * gridDim.x + blockIdx.x, tail->x, tail->norm_w, tail->eps, rows,
+                      tail->h, tail->q, tail->qd);
 }
 
 #define GEMV_Q8_KERNEL(NAME, T, NR, SG)                                                         \
@@ -494,10 +530,10 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
         NAME(const u8* __restrict__ w0, const u8* __restrict__ w1, int n_first, u64 mat_bytes,  \
              const u32* __restrict__ slots, const signed char* __restrict__ xq,                 \
              const float* __restrict__ xd, long long x_stride, float* __restrict__ y, int rows, \
-             int nb) {                                                                          \
+             int nb, const NormTail* __restrict__ tail) {                                       \
         PDL_PROLOGUE();                                                                         \
         gemv_q8_body<T, NR, SG>(w0, w1, n_first, mat_bytes, slots, xq, xd, x_stride, y, rows,  \
-                                nb);                                                            \
+                                nb, tail);                                                      \
     }
 
 // `_q8s`: the IQ2_XXS grid copied to shared memory per block.

@@ -22,7 +22,9 @@
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
 use crate::expert_cache::{read_counters, CacheCounters, HostExperts, HostSet, LayerCache};
-use crate::gemv::{expert_image, DeviceMatrix, ExpertStack, Q8Vec, DEFAULT_NR, Q8_TYPES};
+use crate::gemv::{
+    expert_image, DeviceMatrix, ExpertStack, NormTail, NormTailArgs, Q8Vec, DEFAULT_NR, Q8_TYPES,
+};
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
@@ -59,6 +61,10 @@ struct Bufs {
 /// wait for, and every event recorded (alive until the graph is built).
 struct Capture<'a> {
     side: &'a Gpu,
+    /// The stream a MoE layer's shared expert runs on: a branch of the
+    /// graph beside the router, top-k and routed experts (it needs only
+    /// h), joined before the combine.
+    shared: &'a Gpu,
     pending: Option<CudaEvent>,
     events: Vec<CudaEvent>,
     /// Profiling: a timing event recorded before each kernel class, with
@@ -189,6 +195,60 @@ struct AttnOp {
     k_cache: CudaSlice<f32>,
     v_cache: CudaSlice<f32>,
     scratch: AttnScratch,
+    post_norm: Option<PostNorm>,
+}
+
+/// The residual add and RMSNorm after a mixer, run by the last block of
+/// its output projection (int8 mode): the norm's weights and eps, and the
+/// tail made for the decoder's buffers before the graph is captured.
+struct PostNorm {
+    w: CudaSlice<f32>,
+    eps: f32,
+    tail: Option<NormTail>,
+}
+
+impl PostNorm {
+    fn args<'a>(
+        &'a self,
+        x: &'a CudaSlice<f32>,
+        h: &'a CudaSlice<f32>,
+        hq: Option<&'a Q8Vec>,
+    ) -> NormTailArgs<'a> {
+        NormTailArgs {
+            x,
+            norm_w: &self.w,
+            h,
+            q8: hq,
+            eps: self.eps,
+        }
+    }
+
+    /// Make the tail for the decoder's buffers (before the capture).
+    fn prepare(&mut self, gpu: &Gpu, rows: usize, b: &Bufs) -> Result<()> {
+        let t = NormTail::new(gpu, &self.args(&b.x, &b.h, b.hq.as_ref()), rows)?;
+        self.tail = Some(t);
+        Ok(())
+    }
+}
+
+/// A mixer's output projection into `b.mix`; with a post norm, also `x +=
+/// mix` and `h = RMSNorm(x)` (the Norm stage it replaced).
+fn out_proj(
+    gpu: &Gpu,
+    w: &DeviceMatrix,
+    o: &CudaSlice<f32>,
+    oq: Option<&Q8Vec>,
+    post: Option<&PostNorm>,
+    b: &mut Bufs,
+) -> Result<()> {
+    let Some(p) = post else {
+        return mv(gpu, w, o, oq, &mut b.mix);
+    };
+    let tail = p.tail.as_ref().context("post norm without its tail")?;
+    let oq = oq.context("post norm without int8 activations")?;
+    let Bufs { x, h, hq, mix, .. } = b;
+    let args = p.args(x, h, hq.as_ref());
+    w.gemv_q8_norm(gpu, oq, mix, DEFAULT_NR, tail, &args)
 }
 
 struct GdnOp {
@@ -205,6 +265,7 @@ struct GdnOp {
     oq: Option<Q8Vec>,
     ring: CudaSlice<f32>,
     state: CudaSlice<f32>,
+    post_norm: Option<PostNorm>,
 }
 
 struct FfnOp {
@@ -287,6 +348,8 @@ struct MoeOp {
     /// The next stage's RMSNorm (weights, eps, whether h is also wanted as
     /// int8), fused into the combine: one launch instead of two.
     next_norm: Option<(CudaSlice<f32>, f32, bool)>,
+    /// The combine's last-block norm.
+    norm_scratch: ops::NormScratch,
 }
 
 /// Which part of an op to record: all of it, or (MoE) the half before
@@ -317,11 +380,47 @@ enum Op {
     },
 }
 
+/// Whether a mixer's output projection can finish the Norm after it: int8
+/// mode (its input has an int8 form) and a format with an int8 kernel.
+fn can_post_norm(w: &DeviceMatrix, oq: Option<&Q8Vec>) -> bool {
+    oq.is_some() && Q8_TYPES.contains(&w.layout.ty) && w.rows.is_multiple_of(32)
+}
+
 /// Fold each Norm (without a residual add) or Head norm that follows a MoE
-/// op into that op's combine.
+/// op into that op's combine, and each Norm with the residual add that
+/// follows a mixer into the mixer's output projection (int8 mode).
 fn fuse_norms(ops: Vec<Op>) -> Vec<Op> {
     let mut out: Vec<Op> = Vec::with_capacity(ops.len());
     for op in ops {
+        let op = match op {
+            Op::Norm {
+                w,
+                eps,
+                add_mix: true,
+            } => {
+                let slot = match out.last_mut() {
+                    Some(Op::Attn(a)) if can_post_norm(&a.wo, a.oq.as_ref()) => {
+                        Some(&mut a.post_norm)
+                    }
+                    Some(Op::Gdn(g)) if can_post_norm(&g.w_out, g.oq.as_ref()) => {
+                        Some(&mut g.post_norm)
+                    }
+                    _ => None,
+                };
+                match slot {
+                    Some(slot @ None) => {
+                        *slot = Some(PostNorm { w, eps, tail: None });
+                        continue;
+                    }
+                    _ => Op::Norm {
+                        w,
+                        eps,
+                        add_mix: true,
+                    },
+                }
+            }
+            op => op,
+        };
         let prev = match out.last_mut() {
             Some(Op::Moe(m)) if m.next_norm.is_none() => Some(m),
             _ => None,
@@ -400,6 +499,20 @@ impl FfnOp {
 }
 
 impl MoeOp {
+    /// Record the shared expert on its own stream, forked from the main
+    /// one here (h is ready); the event to join it on.
+    fn fork_shared(&mut self, gpu: &Gpu, b: &Bufs, cap: &mut Capture) -> Result<Option<CudaEvent>> {
+        let Some(s) = &mut self.shared else {
+            return Ok(None);
+        };
+        let side = cap.shared;
+        let ev = gpu.stream.record_event(None)?;
+        side.stream.wait(&ev)?;
+        cap.events.push(ev);
+        s.run(side, &b.h, b.hq.as_ref())?;
+        Ok(Some(side.stream.record_event(None)?))
+    }
+
     /// The first half of the MoE op: router (and the next layer's
     /// pre-gating logits), the prefetch branch, top-k, and the cache plan of
     /// the routed experts. What follows the plan (the fetch of its misses,
@@ -543,8 +656,8 @@ impl Op {
                     a.oq.as_ref(),
                     a.scale,
                 )?;
-                cap.mark(gpu, "attention: output GEMV")?;
-                mv(gpu, &a.wo, &a.o, a.oq.as_ref(), &mut b.mix)
+                cap.mark(gpu, "attention: output GEMV (+ residual, RMSNorm)")?;
+                out_proj(gpu, &a.wo, &a.o, a.oq.as_ref(), a.post_norm.as_ref(), b)
             }
             Op::Gdn(g) => {
                 cap.mark(gpu, "DeltaNet: qkv|z|ba GEMV")?;
@@ -574,17 +687,27 @@ impl Op {
                     g.eps,
                     L2_EPS,
                 )?;
-                cap.mark(gpu, "DeltaNet: output GEMV")?;
-                mv(gpu, &g.w_out, &g.o, g.oq.as_ref(), &mut b.mix)
+                cap.mark(gpu, "DeltaNet: output GEMV (+ residual, RMSNorm)")?;
+                out_proj(gpu, &g.w_out, &g.o, g.oq.as_ref(), g.post_norm.as_ref(), b)
             }
             Op::Moe(m) => {
                 let hq = b.hq.as_ref();
                 let x = m.x.clone();
+                // The shared expert's branch forks and joins within one
+                // graph: here with the whole op, in the tail when the
+                // graph is cut after the plan.
+                let mut shared_done = None;
+                if phase == Phase::All {
+                    shared_done = m.fork_shared(gpu, b, cap)?;
+                }
                 if phase != Phase::Tail {
                     m.head(gpu, b, cap, &x)?;
                 }
                 if phase == Phase::Head {
                     return Ok(());
+                }
+                if phase == Phase::Tail {
+                    shared_done = m.fork_shared(gpu, b, cap)?;
                 }
                 if let Some(c) = &x.cache {
                     cap.mark(gpu, "MoE: cache fetch of misses")?;
@@ -618,9 +741,9 @@ impl Op {
                         .down
                         .gemv(gpu, &m.slots, k, &m.yg, ff, &mut m.yd, DEFAULT_NR)?,
                 }
-                if let Some(s) = &mut m.shared {
-                    cap.mark(gpu, "MoE: shared expert (gate|up, SwiGLU, down)")?;
-                    s.run(gpu, &b.h, hq)?;
+                if let Some(ev) = shared_done {
+                    gpu.stream.wait(&ev)?;
+                    cap.events.push(ev);
                 }
                 cap.mark(gpu, "MoE: combine (+ next RMSNorm)")?;
 
@@ -629,6 +752,7 @@ impl Op {
                     eps: *eps,
                     h: &b.h,
                     q8: if *q { b.hq.as_ref() } else { None },
+                    scratch: &m.norm_scratch,
                 });
                 ops::moe_combine(
                     gpu,
@@ -743,6 +867,7 @@ impl Builder<'_> {
             v_cache: gpu.stream.alloc_zeros(self.ctx * nkv * hd)?,
             scratch: AttnScratch::new(gpu, &dims, nsplit)?,
             dims,
+            post_norm: None,
         })))
     }
 
@@ -774,6 +899,7 @@ impl Builder<'_> {
             ring: gpu.stream.alloc_zeros(dims.conv_kernel * dims.conv_dim())?,
             state: gpu.stream.alloc_zeros(dims.state_len())?,
             dims,
+            post_norm: None,
         })))
     }
 
@@ -948,6 +1074,7 @@ impl Builder<'_> {
             x,
             shared,
             next_norm: None,
+            norm_scratch: ops::NormScratch::new(gpu, ops::combine_blocks(d))?,
         })))
     }
 }
@@ -1093,6 +1220,8 @@ pub struct CudaDecoder {
     tick: u32,
     /// The stream pre-gating prefetches run on (a branch of the graph).
     side: Gpu,
+    /// The stream shared experts run on (another branch).
+    shared_side: Gpu,
     cache: Option<ExpertCacheOptions>,
     /// Device bytes of the uploaded weights and state.
     pub device_bytes: usize,
@@ -1139,8 +1268,25 @@ impl CudaDecoder {
             hq: q8vec(&gpu, opts.int8, d)?,
             counters: gpu.stream.alloc_zeros(4 * n_moe.max(1))?,
         };
+        let mut ops = ops;
+        for op in &mut ops {
+            match op {
+                Op::Attn(a) => {
+                    if let Some(p) = &mut a.post_norm {
+                        p.prepare(&gpu, a.wo.rows, &bufs)?;
+                    }
+                }
+                Op::Gdn(g) => {
+                    if let Some(p) = &mut g.post_norm {
+                        p.prepare(&gpu, g.w_out.rows, &bufs)?;
+                    }
+                }
+                _ => {}
+            }
+        }
         gpu.sync()?;
         let side = gpu.side()?;
+        let shared_side = gpu.side()?;
         let (free1, _) = cudarc::driver::result::mem_get_info()?;
         let mut dec = Self {
             gpu,
@@ -1155,6 +1301,7 @@ impl CudaDecoder {
             ctx: opts.ctx,
             tick: 0,
             side,
+            shared_side,
             cache: opts.expert_cache,
             device_bytes: free0.saturating_sub(free1),
         };
@@ -1169,6 +1316,7 @@ impl CudaDecoder {
         let flags = CUgraphInstantiate_flags(0);
         let mut cap = Capture {
             side: &self.side,
+            shared: &self.shared_side,
             pending: None,
             events: Vec::new(),
             marks: None,
@@ -1280,6 +1428,7 @@ impl CudaDecoder {
         gpu.sync()?;
         let mut cap = Capture {
             side: &self.side,
+            shared: &self.shared_side,
             pending: None,
             events: Vec::new(),
             marks: Some(Vec::new()),

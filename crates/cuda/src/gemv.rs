@@ -3,7 +3,7 @@
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Result};
 use crate::layout::{layout, to_device_bytes, upload_layout, DeviceLayout};
-use crate::ops::dptr;
+use crate::ops::{dptr, NormScratch};
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use redlite_gguf::GgmlType;
 
@@ -173,6 +173,67 @@ impl Q8Vec {
     }
 }
 
+/// The buffers of the residual add + RMSNorm a GEMV can finish with
+/// ([`DeviceMatrix::gemv_q8_norm`]): `x += y`, then `h = RMSNorm(x) *
+/// norm_w` (and `h` as int8 activations).
+pub struct NormTailArgs<'a> {
+    pub x: &'a CudaSlice<f32>,
+    pub norm_w: &'a CudaSlice<f32>,
+    pub h: &'a CudaSlice<f32>,
+    pub q8: Option<&'a Q8Vec>,
+    pub eps: f32,
+}
+
+impl NormTailArgs<'_> {
+    fn ptrs(&self, gpu: &Gpu) -> [u64; 5] {
+        [
+            dptr(gpu, Some(self.x)),
+            dptr(gpu, Some(self.norm_w)),
+            dptr(gpu, Some(self.h)),
+            dptr(gpu, self.q8.map(|q| &q.q)),
+            dptr(gpu, self.q8.map(|q| &q.d)),
+        ]
+    }
+}
+
+/// `NormTail` of kernels/gemv_q8act.cu on the device (the addresses of
+/// one call site's buffers and eps) and the last block's scratch. A launch
+/// passes the buffers again and they are checked against the addresses
+/// recorded here, so the kernel never sees a stale pointer.
+pub struct NormTail {
+    dev: CudaSlice<u64>,
+    ptrs: [u64; 5],
+    eps: f32,
+    scratch: NormScratch,
+}
+
+impl NormTail {
+    /// For a GEMV of `rows` rows (= the length of x): at most one block per
+    /// row, so `rows` partial sums are always enough.
+    pub fn new(gpu: &Gpu, a: &NormTailArgs, rows: usize) -> Result<Self> {
+        let scratch = NormScratch::new(gpu, rows)?;
+        let ptrs = a.ptrs(gpu);
+        // Field order and sizes of the C struct: 7 pointers, then eps and
+        // an int of padding (64 bytes).
+        let words: [u64; 8] = [
+            ptrs[0],
+            ptrs[1],
+            ptrs[2],
+            ptrs[3],
+            ptrs[4],
+            dptr(gpu, Some(&scratch.counter)),
+            dptr(gpu, Some(&scratch.partial)),
+            a.eps.to_bits() as u64,
+        ];
+        Ok(Self {
+            dev: gpu.stream.clone_htod(&words)?,
+            ptrs,
+            eps: a.eps,
+            scratch,
+        })
+    }
+}
+
 /// One quantized matrix (`rows` x `cols`) in the device layout.
 pub struct DeviceMatrix {
     pub layout: DeviceLayout,
@@ -254,6 +315,50 @@ impl DeviceMatrix {
         y: &mut CudaSlice<f32>,
         nr: impl Into<Q8Variant>,
     ) -> Result<()> {
+        self.gemv_q8_with(gpu, x, y, nr, 0)
+    }
+
+    /// [`Self::gemv_q8`], then in the same launch `t.x += y` and `t.h =
+    /// RMSNorm(t.x) * t.norm_w` (and its int8 form), the norm finished by
+    /// the last block: a mixer's output projection with the residual add
+    /// and the norm after it.
+    pub fn gemv_q8_norm(
+        &self,
+        gpu: &Gpu,
+        x: &Q8Vec,
+        y: &mut CudaSlice<f32>,
+        nr: impl Into<Q8Variant>,
+        tail: &NormTail,
+        t: &NormTailArgs,
+    ) -> Result<()> {
+        let d = self.rows;
+        ensure!(
+            t.ptrs(gpu) == tail.ptrs && t.eps == tail.eps,
+            "gemv_q8_norm: buffers other than the tail was made for"
+        );
+        ensure!(
+            t.x.len() >= d && t.norm_w.len() >= d && t.h.len() >= d,
+            "gemv_q8_norm: short x, norm weights or h"
+        );
+        ensure!(
+            t.q8.is_none_or(|q| q.n >= d && d.is_multiple_of(32)),
+            "gemv_q8_norm: int8 output needs rows % 32 == 0"
+        );
+        ensure!(
+            tail.scratch.partial.len() >= d,
+            "gemv_q8_norm: tail scratch for fewer rows"
+        );
+        self.gemv_q8_with(gpu, x, y, nr, dptr(gpu, Some(&tail.dev)))
+    }
+
+    fn gemv_q8_with(
+        &self,
+        gpu: &Gpu,
+        x: &Q8Vec,
+        y: &mut CudaSlice<f32>,
+        nr: impl Into<Q8Variant>,
+        tail: u64,
+    ) -> Result<()> {
         ensure!(
             x.n >= self.cols && y.len() >= self.rows,
             "gemv_q8: short x or y"
@@ -273,6 +378,7 @@ impl DeviceMatrix {
                 x_stride: 0,
                 rows: self.rows,
                 cols: self.cols,
+                tail,
             },
             y,
         )
@@ -315,6 +421,7 @@ impl DeviceMatrix {
                 x_stride: 0,
                 rows: self.rows,
                 cols: self.cols,
+                tail: 0,
             },
             y,
         )
@@ -598,6 +705,7 @@ impl ExpertStack {
                 x_stride,
                 rows: self.rows,
                 cols: self.cols,
+                tail: 0,
             },
             y,
         )
@@ -641,6 +749,7 @@ impl ExpertStack {
                 x_stride: 0,
                 rows: gate.rows,
                 cols: gate.cols,
+                tail: 0,
             },
             y,
         )
@@ -660,6 +769,8 @@ struct Q8Launch<'a> {
     x_stride: usize,
     rows: usize,
     cols: usize,
+    /// Device address of a `NormTail` (0: none; one matrix only).
+    tail: u64,
 }
 
 fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
@@ -674,6 +785,10 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
     let name = q8_kernel_name(a.layout.ty, a.v)?;
     let spr = q8_lanes_per_row(nb * q8_chunks_per_block(a.layout.ty));
     let rows_per_block = GEMV_WARPS * a.v.nr * (32 / spr);
+    ensure!(
+        a.tail == 0 || a.n_mats == 1,
+        "gemv_q8: a norm tail on several matrices"
+    );
     let cfg = LaunchConfig {
         grid_dim: ((a.rows as u32).div_ceil(rows_per_block), a.n_mats as u32, 1),
         block_dim: (GEMV_WARPS * 32, 1, 1),
@@ -696,7 +811,8 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
         dptr(gpu, Some(&*y)),
     );
     // SAFETY: the argument list matches gemv_q8act.cu (u8*, u8*, i32,
-    // u64, u32* or null, i8*, f32*, i64, f32*, i32, i32). w0 holds the
+    // u64, u32* or null, i8*, f32*, i64, f32*, i32, i32, NormTail* or
+    // null; a tail's buffers checked by gemv_q8_norm). w0 holds the
     // first n_first matrices (or slots), w1 the rest, each of `mat_bytes` >=
     // rows*nb*block bytes in the device layout of `a.layout` (a format
     // with a q8 kernel, checked by q8_kernel_name); the Q8Vec holds
@@ -718,6 +834,7 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
                 &yp,
                 &rows_i,
                 &nb_i,
+                &a.tail,
             ],
         )
     }?;

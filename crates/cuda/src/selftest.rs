@@ -4,7 +4,8 @@
 use crate::device::Gpu;
 use crate::error::Result;
 use crate::gemv::{
-    kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
+    kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, NormTail, NormTailArgs, Q8Variant,
+    Q8Vec, Variant, Q8_TYPES,
 };
 use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{
@@ -294,7 +295,85 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
         out.push(worst);
     }
     out.push(qw);
+    out.extend(norm_tail(gpu, rng)?);
     Ok(())
+}
+
+/// The residual add + RMSNorm finished by a GEMV's last block
+/// (`gemv_q8_norm`), every int8 format and variant: y must equal the plain
+/// GEMV's bit for bit, x the f32 sum x + y, h the f64 RMSNorm of that x
+/// (REL_TOL), and the int8 h the CPU's quantization of the kernel's own h
+/// (q within 1). Each case launches twice on one tail: the second launch
+/// checks that the last block reset the block count.
+fn norm_tail(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
+    let mut w = Worst::new("gemv_q8 + residual add + RMSNorm tail (x, h; every format, nr)".into());
+    let mut same = Worst::new("gemv_q8 norm tail: y against the plain launch (abs: bits)".into());
+    let mut qw = Worst::new("gemv_q8 norm tail: int8 h (abs: worst |q - q_cpu|)".into());
+    for (ty, nr) in q8_variants() {
+        let l = layout(ty)?;
+        for (rows, cols) in [(2048, 512), (2048, 4096), (96, 2048)] {
+            let wt = random_weights(&l, rows, cols, rng);
+            let m = DeviceMatrix::upload(gpu, ty, rows, cols, &wt)?;
+            let x = random_vec(cols, rng);
+            let xd = gpu.stream.clone_htod(&x)?;
+            let mut xq = Q8Vec::new(gpu, cols)?;
+            xq.quantize(gpu, &xd)?;
+            let mut y0d = gpu.stream.clone_htod(&vec![f32::NAN; rows])?;
+            m.gemv_q8(gpu, &xq, &mut y0d, nr)?;
+            gpu.sync()?;
+            let y0 = gpu.stream.clone_dtoh(&y0d)?;
+            let res = random_vec(rows, rng);
+            let norm_w: Vec<f32> = random_vec(rows, rng)
+                .iter()
+                .map(|v| 1.0 + 0.5 * v)
+                .collect();
+            let want_x: Vec<f32> = res.iter().zip(&y0).map(|(&a, &b)| a + b).collect();
+            let (_, want_h) = crate::reference::rms_norm(&want_x, None, &norm_w, rows, 1e-6, false);
+            let mut resd = gpu.stream.clone_htod(&res)?;
+            let nwd = gpu.stream.clone_htod(&norm_w)?;
+            let mut hd = gpu.stream.clone_htod(&vec![f32::NAN; rows])?;
+            let hq = Q8Vec::new(gpu, rows)?;
+            let tail = NormTail::new(
+                gpu,
+                &NormTailArgs {
+                    x: &resd,
+                    norm_w: &nwd,
+                    h: &hd,
+                    q8: Some(&hq),
+                    eps: 1e-6,
+                },
+                rows,
+            )?;
+            for _launch in 0..2 {
+                gpu.stream.memcpy_htod(&res, &mut resd)?;
+                gpu.stream.memcpy_htod(&vec![f32::NAN; rows], &mut hd)?;
+                let mut yd = gpu.stream.clone_htod(&vec![f32::NAN; rows])?;
+                let args = NormTailArgs {
+                    x: &resd,
+                    norm_w: &nwd,
+                    h: &hd,
+                    q8: Some(&hq),
+                    eps: 1e-6,
+                };
+                m.gemv_q8_norm(gpu, &xq, &mut yd, nr, &tail, &args)?;
+                gpu.sync()?;
+                let y = gpu.stream.clone_dtoh(&yd)?;
+                let diff = y
+                    .iter()
+                    .zip(&y0)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                fold(&mut same, (diff as f64, 0.0, diff == 0));
+                let xs = gpu.stream.clone_dtoh(&resd)?;
+                let wx: Vec<f64> = want_x.iter().map(|&v| v as f64).collect();
+                fold(&mut w, compare(&xs, &wx));
+                let h = gpu.stream.clone_dtoh(&hd)?;
+                fold(&mut w, compare(&h, &want_h));
+                crate::selftest_ops::check_q8(gpu, &h, &hq, &mut qw)?;
+            }
+        }
+    }
+    Ok(vec![w, same, qw])
 }
 
 /// Print the table; returns whether every kernel passed.
