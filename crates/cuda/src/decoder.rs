@@ -63,8 +63,8 @@ struct Capture<'a> {
     side: &'a Gpu,
     /// The stream a MoE layer's shared expert runs on: a branch of the
     /// graph beside the router, top-k and routed experts (it needs only
-    /// h), joined before the combine.
-    shared: &'a Gpu,
+    /// h), joined before the combine; None: inline on the main stream.
+    shared: Option<&'a Gpu>,
     pending: Option<CudaEvent>,
     events: Vec<CudaEvent>,
     /// Profiling: a timing event recorded before each kernel class, with
@@ -350,6 +350,9 @@ struct MoeOp {
     next_norm: Option<(CudaSlice<f32>, f32, bool)>,
     /// The combine's last-block norm.
     norm_scratch: ops::NormScratch,
+    /// Gate|up and SwiGLU of the routed experts in one launch where the
+    /// format allows (see [`Unfuse`]).
+    fuse_swiglu: bool,
 }
 
 /// Which part of an op to record: all of it, or (MoE) the half before
@@ -380,6 +383,39 @@ enum Op {
     },
 }
 
+/// The fusions of the decode graph that can be turned off, for A/B
+/// measurements: `REDLITE_CUDA_UNFUSE` is a comma-separated list of
+/// `shared_branch` (the shared expert inline on the main stream instead of
+/// a branch of its own), `post_norm` (the Norm after a mixer as a launch
+/// of its own), `gate_up_swiglu` (SwiGLU after the routed gate|up as a
+/// launch of its own).
+#[derive(Clone, Copy, Debug, Default)]
+struct Unfuse {
+    shared_branch: bool,
+    post_norm: bool,
+    gate_up_swiglu: bool,
+}
+
+impl Unfuse {
+    fn from_env() -> Result<Self> {
+        let mut u = Self::default();
+        let Ok(v) = std::env::var("REDLITE_CUDA_UNFUSE") else {
+            return Ok(u);
+        };
+        for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "shared_branch" => u.shared_branch = true,
+                "post_norm" => u.post_norm = true,
+                "gate_up_swiglu" => u.gate_up_swiglu = true,
+                other => bail!(
+                    "REDLITE_CUDA_UNFUSE: unknown fusion {other:?} (shared_branch, post_norm, gate_up_swiglu)"
+                ),
+            }
+        }
+        Ok(u)
+    }
+}
+
 /// Whether a mixer's output projection can finish the Norm after it: int8
 /// mode (its input has an int8 form) and a format with an int8 kernel.
 fn can_post_norm(w: &DeviceMatrix, oq: Option<&Q8Vec>) -> bool {
@@ -389,7 +425,7 @@ fn can_post_norm(w: &DeviceMatrix, oq: Option<&Q8Vec>) -> bool {
 /// Fold each Norm (without a residual add) or Head norm that follows a MoE
 /// op into that op's combine, and each Norm with the residual add that
 /// follows a mixer into the mixer's output projection (int8 mode).
-fn fuse_norms(ops: Vec<Op>) -> Vec<Op> {
+fn fuse_norms(ops: Vec<Op>, unfuse: Unfuse) -> Vec<Op> {
     let mut out: Vec<Op> = Vec::with_capacity(ops.len());
     for op in ops {
         let op = match op {
@@ -397,7 +433,7 @@ fn fuse_norms(ops: Vec<Op>) -> Vec<Op> {
                 w,
                 eps,
                 add_mix: true,
-            } => {
+            } if !unfuse.post_norm => {
                 let slot = match out.last_mut() {
                     Some(Op::Attn(a)) if can_post_norm(&a.wo, a.oq.as_ref()) => {
                         Some(&mut a.post_norm)
@@ -505,7 +541,11 @@ impl MoeOp {
         let Some(s) = &mut self.shared else {
             return Ok(None);
         };
-        let side = cap.shared;
+        let Some(side) = cap.shared else {
+            cap.mark(gpu, "MoE: shared expert (gate|up, SwiGLU, down)")?;
+            s.run(gpu, &b.h, b.hq.as_ref())?;
+            return Ok(None);
+        };
         let ev = gpu.stream.record_event(None)?;
         side.stream.wait(&ev)?;
         cap.events.push(ev);
@@ -718,6 +758,16 @@ impl Op {
                 let ff = x.gate.rows;
                 let kf = k * ff;
                 match (&mut m.ygu, hq) {
+                    (Some(_), Some(hq))
+                        if m.fuse_swiglu
+                            && m.actq.is_some()
+                            && ExpertStack::can_gate_up_swiglu(&x.gate, &x.up) =>
+                    {
+                        let q = m.actq.as_ref().context("int8 down input")?;
+                        ExpertStack::gate_up_swiglu_q8(
+                            &x.gate, &x.up, gpu, &m.slots, k, hq, &m.yg, q, DEFAULT_NR,
+                        )?;
+                    }
                     (Some(ygu), Some(hq)) => {
                         ExpertStack::gemv_gate_up_q8(
                             &x.gate, &x.up, gpu, &m.slots, k, hq, ygu, DEFAULT_NR,
@@ -1075,6 +1125,7 @@ impl Builder<'_> {
             shared,
             next_norm: None,
             norm_scratch: ops::NormScratch::new(gpu, ops::combine_blocks(d))?,
+            fuse_swiglu: true,
         })))
     }
 }
@@ -1222,6 +1273,7 @@ pub struct CudaDecoder {
     side: Gpu,
     /// The stream shared experts run on (another branch).
     shared_side: Gpu,
+    unfuse: Unfuse,
     cache: Option<ExpertCacheOptions>,
     /// Device bytes of the uploaded weights and state.
     pub device_bytes: usize,
@@ -1256,7 +1308,8 @@ impl CudaDecoder {
         model.arch().decode_stages(&mut b)?;
         let n_moe = b.n_moe;
         let staging: Vec<[HostExperts; 3]> = b.staging.into_iter().map(|(_, s)| s).collect();
-        let (ops, embd, n_vocab) = (fuse_norms(b.ops), b.embd, b.n_vocab);
+        let unfuse = Unfuse::from_env()?;
+        let (ops, embd, n_vocab) = (fuse_norms(b.ops, unfuse), b.embd, b.n_vocab);
         let embd = embd.context("the stages never embedded the token")?;
         let d = embd.cols();
         let bufs = Bufs {
@@ -1271,6 +1324,7 @@ impl CudaDecoder {
         let mut ops = ops;
         for op in &mut ops {
             match op {
+                Op::Moe(m) => m.fuse_swiglu = !unfuse.gate_up_swiglu,
                 Op::Attn(a) => {
                     if let Some(p) = &mut a.post_norm {
                         p.prepare(&gpu, a.wo.rows, &bufs)?;
@@ -1302,6 +1356,7 @@ impl CudaDecoder {
             tick: 0,
             side,
             shared_side,
+            unfuse,
             cache: opts.expert_cache,
             device_bytes: free0.saturating_sub(free1),
         };
@@ -1316,7 +1371,7 @@ impl CudaDecoder {
         let flags = CUgraphInstantiate_flags(0);
         let mut cap = Capture {
             side: &self.side,
-            shared: &self.shared_side,
+            shared: (!self.unfuse.shared_branch).then_some(&self.shared_side),
             pending: None,
             events: Vec::new(),
             marks: None,
@@ -1428,7 +1483,7 @@ impl CudaDecoder {
         gpu.sync()?;
         let mut cap = Capture {
             side: &self.side,
-            shared: &self.shared_side,
+            shared: (!self.unfuse.shared_branch).then_some(&self.shared_side),
             pending: None,
             events: Vec::new(),
             marks: Some(Vec::new()),

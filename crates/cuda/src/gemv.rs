@@ -109,6 +109,12 @@ pub fn q8_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
     }
 }
 
+/// Name of the gate + up + SwiGLU kernel of the routed experts for `ty`
+/// (`gate_up_swiglu_*` in kernels/gemv_q8act.cu).
+pub fn gate_up_swiglu_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
+    Ok(q8_kernel_name(ty, v)?.replacen("gemv_", "gate_up_swiglu_", 1))
+}
+
 /// Lane chunks per block of the int8-activation kernels (`T::CPB`).
 pub(crate) fn q8_chunks_per_block(ty: GgmlType) -> usize {
     match ty {
@@ -753,6 +759,94 @@ impl ExpertStack {
             },
             y,
         )
+    }
+}
+
+impl ExpertStack {
+    /// Whether [`Self::gate_up_swiglu_q8`] can run these stacks: one
+    /// format with an int8 kernel and shape, rows in whole blocks of 32,
+    /// a full warp of lane chunks per row.
+    pub fn can_gate_up_swiglu(gate: &ExpertStack, up: &ExpertStack) -> bool {
+        let Ok(nb) = gate.layout.blocks_per_row(gate.cols) else {
+            return false;
+        };
+        gate.layout == up.layout
+            && Q8_TYPES.contains(&gate.layout.ty)
+            && (gate.rows, gate.cols, gate.stride, gate.n_slots)
+                == (up.rows, up.cols, up.stride, up.n_slots)
+            && gate.rows.is_multiple_of(32)
+            && q8_lanes_per_row(nb * q8_chunks_per_block(gate.layout.ty)) == 32
+    }
+
+    /// Gate, up and SwiGLU of the `n` routed experts in one launch (int8
+    /// activations, one shared x): `out[i*rows..]` = SiLU(gate_i x) *
+    /// (up_i x) for expert i, and the same as int8 activations in `q`
+    /// (the down projection's input). The bits of
+    /// [`Self::gemv_gate_up_q8`] followed by `ops::swiglu`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gate_up_swiglu_q8(
+        gate: &ExpertStack,
+        up: &ExpertStack,
+        gpu: &Gpu,
+        slots: &CudaSlice<u32>,
+        n: usize,
+        x: &Q8Vec,
+        out: &CudaSlice<f32>,
+        q: &Q8Vec,
+        nr: impl Into<Q8Variant>,
+    ) -> Result<()> {
+        ensure!(
+            Self::can_gate_up_swiglu(gate, up),
+            "gate_up_swiglu: stacks of another format or shape"
+        );
+        ensure!(
+            slots.len() >= n && (1..=65535).contains(&n),
+            "gate_up_swiglu: {n} experts"
+        );
+        ensure!(x.n >= gate.cols, "gate_up_swiglu: short x");
+        ensure!(
+            out.len() >= n * gate.rows && q.n >= n * gate.rows,
+            "gate_up_swiglu: short output"
+        );
+        ensure!(gate.rows <= i32::MAX as usize / 2 && n * gate.rows <= i32::MAX as usize);
+        let v: Q8Variant = nr.into();
+        let name = gate_up_swiglu_kernel_name(gate.layout.ty, v)?;
+        let nb = gate.layout.blocks_per_row(gate.cols)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((gate.rows / 32) as u32, n as u32, 1),
+            block_dim: (32 * 32 / v.nr, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (rows_i, nb_i) = (gate.rows as i32, nb as i32);
+        let mat_bytes = gate.stride as u64;
+        let p = [
+            dptr(gpu, Some(&gate.buf)),
+            dptr(gpu, Some(&up.buf)),
+            dptr(gpu, Some(slots)),
+            dptr(gpu, Some(&x.q)),
+            dptr(gpu, Some(&x.d)),
+            dptr(gpu, Some(out)),
+            dptr(gpu, Some(&q.q)),
+            dptr(gpu, Some(&q.d)),
+        ];
+        // SAFETY: the argument list matches gate_up_swiglu_* in
+        // gemv_q8act.cu (u8*, u8*, u64, u32*, i8*, f32*, f32*, i8*, f32*,
+        // i32, i32). Both stacks hold n_slots matrices of `stride` bytes
+        // in one device layout of a format with an int8 kernel (checked
+        // by can_gate_up_swiglu), slots[..n] are slots of them (the slot
+        // table's contract), x holds cols values and scales, out and q
+        // n*rows values (checked above); rows % 32 == 0 so every block is
+        // whole.
+        unsafe {
+            gpu.launch(
+                &name,
+                cfg,
+                &[
+                    &p[0], &p[1], &mat_bytes, &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &rows_i,
+                    &nb_i,
+                ],
+            )
+        }
     }
 }
 

@@ -217,6 +217,10 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
         let r = compare(y, want_f).1;
         w.vs_f32 = Some(w.vs_f32.unwrap_or(0.0).max(r));
     };
+    let mut fused = Worst::new(
+        "gate_up_swiglu_* (every format, nr) against gate|up + swiglu (abs: differing bits)".into(),
+    );
+    let mut fused_q = Worst::new("gate_up_swiglu_*: int8 output (abs: worst |q - q_cpu|)".into());
     for (ty, nr) in q8_variants() {
         let l = layout(ty)?;
         let mut worst = Worst::new(q8_kernel_name(ty, nr)?);
@@ -291,10 +295,32 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                     fold2(&mut worst, &y[(k * n + i) * rows..][..rows], &wq, &wf);
                 }
             }
+            // gate + up + SwiGLU in one launch: the bits of the two-launch
+            // path just checked (its gate|up output through ops::swiglu),
+            // and its int8 output the CPU's quantization of its f32 one.
+            if ExpertStack::can_gate_up_swiglu(&gate, &up) {
+                let kf = n * rows;
+                let want_d = gpu.stream.clone_htod(&vec![f32::NAN; kf])?;
+                crate::ops::swiglu(gpu, (&yd, 0), (&yd, kf), &want_d, None, kf)?;
+                let od = gpu.stream.clone_htod(&vec![f32::NAN; kf])?;
+                let oq = Q8Vec::new(gpu, kf)?;
+                ExpertStack::gate_up_swiglu_q8(&gate, &up, gpu, &sd, n, &xq, &od, &oq, nr)?;
+                gpu.sync()?;
+                let (want, got) = (gpu.stream.clone_dtoh(&want_d)?, gpu.stream.clone_dtoh(&od)?);
+                let diff = got
+                    .iter()
+                    .zip(&want)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                fold(&mut fused, (diff as f64, 0.0, diff == 0));
+                crate::selftest_ops::check_q8(gpu, &got, &oq, &mut fused_q)?;
+            }
         }
         out.push(worst);
     }
     out.push(qw);
+    out.push(fused);
+    out.push(fused_q);
     out.extend(norm_tail(gpu, rng)?);
     Ok(())
 }
