@@ -6,6 +6,7 @@ use crate::residency::MemoryArgs;
 use anyhow::{ensure, Context, Result};
 use redlite_cuda::decoder::{CudaDecoder, DecoderOptions, ExpertCacheOptions};
 use redlite_cuda::device_plan::{plan_device, DevicePlanInput, ExpertSource};
+use redlite_cuda::ops::KvType;
 use redlite_cuda::parity::parity;
 use redlite_cuda::Gpu;
 use redlite_model::Model;
@@ -23,6 +24,16 @@ fn tokens(seed: u64, n: usize, n_vocab: usize) -> Vec<u32> {
         .collect()
 }
 
+/// `--kv-type` (None: `KvType::default_for(int8)`: f16 with int8
+/// activations, f32 with f32 activations).
+pub fn kv_type(arg: Option<&str>, int8: bool) -> KvType {
+    match arg {
+        Some("f16") => KvType::F16,
+        Some("f32") => KvType::F32,
+        _ => KvType::default_for(int8),
+    }
+}
+
 /// The device memory plan: dense weights (everything but routed experts
 /// and the token embedding, which stays on the host), the KV cache and
 /// DeltaNet state for `ctx` positions and a reserve are on the device; the
@@ -37,6 +48,7 @@ pub fn device_plan(
     model: &Model,
     mem: &MemoryArgs,
     ctx: usize,
+    kv: KvType,
 ) -> Result<(Option<ExpertCacheOptions>, String)> {
     let (free, total) = gpu.mem_info()?;
     let layout = model.expert_layout()?;
@@ -48,6 +60,7 @@ pub fn device_plan(
         .find(|t| t.name == "token_embd.weight")
         .map_or(0, |t| t.n_bytes);
     let moe_layers: Vec<_> = layout.layers.iter().flatten().collect();
+    // Model::state_bytes counts f32 K and V (4 bytes a value).
     let (kv_per_pos, recurrent) = model.state_bytes();
     let input = DevicePlanInput {
         dense_bytes: dense - embd,
@@ -56,7 +69,9 @@ pub fn device_plan(
         experts_per_layer: moe_layers.first().map_or(0, |l| l.n_expert as u64),
         slot_bytes: layout.slot_bytes(),
         k: model.n_expert_used() as u64,
-        state_bytes: kv_per_pos * ctx as u64 + recurrent,
+        kv_values_per_pos: kv_per_pos / 4,
+        kv_value_bytes: kv.bytes() as u64,
+        recurrent_bytes: recurrent,
         ctx: ctx as u64,
         device_free: free as u64,
         device_total: total as u64,
@@ -91,7 +106,9 @@ pub fn results(
         .unwrap_or(1);
     let mut gpu = Gpu::new(0)?;
     gpu.pdl = args.pdl;
-    let (cache, plan_line) = device_plan(&gpu, model, &args.mem, need)?;
+    let int8 = !args.f32_activations;
+    let kv = kv_type(args.kv_type.as_deref(), int8);
+    let (cache, plan_line) = device_plan(&gpu, model, &args.mem, need, kv)?;
     eprintln!("redlite: {plan_line}");
     let t0 = Instant::now();
     let mut dec = CudaDecoder::new(
@@ -100,14 +117,16 @@ pub fn results(
         &DecoderOptions {
             ctx: need,
             nsplit: None,
-            int8: !args.f32_activations,
+            int8,
+            kv_type: kv,
             expert_cache: cache,
         },
     )?;
     eprintln!(
-        "redlite bench: cuda: {} | {} activations | {} launches | {} stages per token in one graph | {:.1} GiB on the device | set up in {:.1} s",
+        "redlite bench: cuda: {} | {} activations | {} KV | {} launches | {} stages per token in one graph | {:.1} GiB on the device | set up in {:.1} s",
         dec.gpu().name,
         if args.f32_activations { "f32" } else { "int8" },
+        kv.name(),
         if args.pdl { "PDL" } else { "plain" },
         dec.n_ops(),
         dec.device_bytes as f64 / (1u64 << 30) as f64,

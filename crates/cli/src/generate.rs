@@ -95,6 +95,11 @@ pub struct GenerateArgs {
     /// path's math) instead of int8 activations for the int8 kernels.
     #[arg(long)]
     pub f32_activations: bool,
+    /// With --device cuda: element type of the KV cache (f16 halves the
+    /// bytes the decode attention reads; default f16 with int8
+    /// activations, f32 with --f32-activations).
+    #[arg(long, value_parser = ["f16", "f32"])]
+    pub kv_type: Option<String>,
     /// With --device cuda: launch every kernel with programmatic dependent
     /// launch (PDL: a kernel may start while the previous one finishes,
     /// hiding launch latency; docs/cuda.md).
@@ -233,6 +238,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         &model,
         ctx,
         args.f32_activations,
+        args.kv_type.as_deref(),
         args.pdl,
         &args.mem,
     )?;
@@ -373,16 +379,18 @@ impl Runner {
         model: &Model,
         ctx: usize,
         f32_act: bool,
+        kv_type: Option<&str>,
         pdl: bool,
         mem: &crate::residency::MemoryArgs,
     ) -> Result<Self> {
-        let _ = (f32_act, pdl, mem);
+        let _ = (f32_act, kv_type, pdl, mem);
         match device {
             #[cfg(feature = "cuda")]
             "cuda" => {
                 let mut gpu = redlite_cuda::Gpu::new(0)?;
                 gpu.pdl = pdl;
-                let (cache, line) = crate::cudabench::device_plan(&gpu, model, mem, ctx)?;
+                let kv = crate::cudabench::kv_type(kv_type, !f32_act);
+                let (cache, line) = crate::cudabench::device_plan(&gpu, model, mem, ctx, kv)?;
                 eprintln!("redlite: {line}");
                 let dec = redlite_cuda::decoder::CudaDecoder::new(
                     gpu,
@@ -391,6 +399,7 @@ impl Runner {
                         ctx,
                         nsplit: None,
                         int8: !f32_act,
+                        kv_type: kv,
                         expert_cache: cache,
                     },
                 )?;

@@ -114,6 +114,11 @@ pub struct ModelBenchArgs {
     /// activations for the formats with int8 kernels.
     #[arg(long)]
     pub f32_activations: bool,
+    /// With --device cuda: element type of the KV cache (f16 halves the
+    /// bytes the decode attention reads; default f16 with int8
+    /// activations, f32 with --f32-activations).
+    #[arg(long, value_parser = ["f16", "f32"])]
+    pub kv_type: Option<String>,
     /// With --device cuda: after the tests, where one decode token's GPU
     /// time goes, per kernel class (timing events recorded between the
     /// classes inside a copy of the token's graph), at each tested depth.

@@ -3,7 +3,9 @@
 // (GQA), so each K and V row is read once for all of them, over one slice
 // of the positions; attn_merge then combines the slices.
 //
-// Caches [ctx][n_kv][hd] (f32); q [n_head][hd] (normed, rotated);
+// Caches [ctx][n_kv][hd], f32 (attn_split_g*) or f16 (attn_split_kvf16_g*:
+// half the bytes, the cost that grows with depth; widened exactly to f32,
+// so the math after the load is the same); q [n_head][hd] (normed, rotated);
 // n = *pos_p + 1 positions are visible. Slice s of nsplit covers
 // [s*c, min(n, (s+1)*c)), c = ceil(n / nsplit): the grid is fixed (a graph
 // replays it at every position) and the work per block grows with n.
@@ -76,10 +78,50 @@ __device__ __forceinline__ void load_row(const float* __restrict__ p, float* v) 
     }
 }
 
-template <int GB, int DPL>
+// One lane's DPL values of a K or V row as loaded: the raw words are kept
+// (f16: two halves a word) and widened only at use, so a row loaded one
+// step ahead stays in flight instead of stalling on the conversion.
+template <typename T, int DPL>
+struct KvRow;
+
+template <int DPL>
+struct KvRow<float, DPL> {
+    float r[DPL];
+    __device__ __forceinline__ void load(const float* __restrict__ p) { load_row<DPL>(p, r); }
+    __device__ __forceinline__ float get(int d) const { return r[d]; }
+};
+
+// DPL consecutive halves: one 4-, 8- or 16-byte load (aligned: rows start
+// at multiples of 64 halves and lane l reads from l*DPL).
+template <int DPL>
+struct KvRow<u16, DPL> {
+    u32 r[DPL / 2];
+    __device__ __forceinline__ void load(const u16* __restrict__ p) {
+        if constexpr (DPL == 8) {
+            const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+            r[0] = a.x;
+            r[1] = a.y;
+            r[2] = a.z;
+            r[3] = a.w;
+        } else if constexpr (DPL == 4) {
+            const uint2 a = __ldg(reinterpret_cast<const uint2*>(p));
+            r[0] = a.x;
+            r[1] = a.y;
+        } else {
+            r[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
+        }
+    }
+    // Half d (little-endian: the even one in the low 16 bits).
+    __device__ __forceinline__ float get(int d) const {
+        const u32 w = r[d / 2];
+        return h2f((u16)((d & 1) ? (w >> 16) : (w & 0xffffu)));
+    }
+};
+
+template <typename T, int GB, int DPL>
 __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
-                                                const float* __restrict__ kc,
-                                                const float* __restrict__ vc,
+                                                const T* __restrict__ kc,
+                                                const T* __restrict__ vc,
                                                 const int* __restrict__ pos_p,
                                                 float* __restrict__ part_o,
                                                 float* __restrict__ part_ml, int n_head, int n_kv,
@@ -114,33 +156,28 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
         }
     }
     const long long stride = (long long)n_kv * HD;
-    const float* kb = kc + (long long)kvh * HD + lane * DPL;
-    const float* vb = vc + (long long)kvh * HD + lane * DPL;
+    const T* kb = kc + (long long)kvh * HD + lane * DPL;
+    const T* vb = vc + (long long)kvh * HD + lane * DPL;
     // Rows are loaded one step ahead: the next position's K and V are in
     // flight while this one is scored.
-    float kn[DPL], vn[DPL];
+    KvRow<T, DPL> kn, vn;
     if (start + warp < end) {
-        load_row<DPL>(kb + (start + warp) * stride, kn);
-        load_row<DPL>(vb + (start + warp) * stride, vn);
+        kn.load(kb + (start + warp) * stride);
+        vn.load(vb + (start + warp) * stride);
     }
     for (int p = start + warp; p < end; p += ATT_WARPS) {
-        float kr[DPL], vr[DPL];
-#pragma unroll
-        for (int d = 0; d < DPL; d++) {
-            kr[d] = kn[d];
-            vr[d] = vn[d];
-        }
+        const KvRow<T, DPL> kr = kn, vr = vn;
         const int pn = p + ATT_WARPS;
         if (pn < end) {
-            load_row<DPL>(kb + pn * stride, kn);
-            load_row<DPL>(vb + pn * stride, vn);
+            kn.load(kb + pn * stride);
+            vn.load(vb + pn * stride);
         }
         float s[GB];
 #pragma unroll
         for (int g = 0; g < GB; g++) {
             float t = 0.0f;
 #pragma unroll
-            for (int d = 0; d < DPL; d++) t = fmaf(qr[g][d], kr[d], t);
+            for (int d = 0; d < DPL; d++) t = fmaf(qr[g][d], kr.get(d), t);
             s[g] = t;
         }
         allreduce_heads<GB>(s, lane);
@@ -157,7 +194,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
             const float e = expf(sc - m[g]);
             l[g] += e;
 #pragma unroll
-            for (int d = 0; d < DPL; d++) acc[g][d] = fmaf(e, vr[d], acc[g][d]);
+            for (int d = 0; d < DPL; d++) acc[g][d] = fmaf(e, vr.get(d), acc[g][d]);
         }
     }
     // Merge the warps: M = max over warps, weights e^{m_w - M}.
@@ -203,16 +240,21 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
     }
 }
 
-#define ATTN_SPLIT(GB, DPL)                                                                      \
+#define ATTN_SPLIT_T(NAME, T, GB, DPL)                                                          \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                 \
-        attn_split_g##GB##_d##DPL(const float* __restrict__ q, const float* __restrict__ kc,    \
-                                  const float* __restrict__ vc, const int* __restrict__ pos_p,  \
-                                  float* __restrict__ part_o, float* __restrict__ part_ml,      \
-                                  int n_head, int n_kv, int nsplit, float scale) {              \
-        PDL_PROLOGUE();                                                                         \
-        attn_split_body<GB, DPL>(q, kc, vc, pos_p, part_o, part_ml, n_head, n_kv, nsplit,       \
-                                 scale);                                                         \
+        NAME(const float* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,    \
+             const int* __restrict__ pos_p, float* __restrict__ part_o,                          \
+             float* __restrict__ part_ml, int n_head, int n_kv, int nsplit, float scale) {       \
+        PDL_PROLOGUE();                                                                          \
+        attn_split_body<T, GB, DPL>(q, kc, vc, pos_p, part_o, part_ml, n_head, n_kv, nsplit,     \
+                                    scale);                                                      \
     }
+
+// Both cache types of one shape: attn_split_gGB_dDPL (f32 KV) and
+// attn_split_kvf16_gGB_dDPL (f16 KV).
+#define ATTN_SPLIT(GB, DPL)                                     \
+    ATTN_SPLIT_T(attn_split_g##GB##_d##DPL, float, GB, DPL)     \
+    ATTN_SPLIT_T(attn_split_kvf16_g##GB##_d##DPL, u16, GB, DPL)
 
 // Query heads per block 1, 2, 4, 8 (the largest power of two <= 8 dividing
 // the GQA group) x head_dim 64, 128, 256 (2, 4, 8 dims per lane).

@@ -6,39 +6,58 @@
 // rotated k and the v of this position appended to the caches.
 //
 // q_full: per query head `hd` query values, then (gated) `hd` gate values.
-// Caches: [ctx][n_kv][hd]; the position comes from *pos_p (device memory,
-// so a captured graph replays with the current position).
+// Caches: [ctx][n_kv][hd], f32 (attn_prep) or f16 (attn_prep_kvf16: k and v
+// rounded to nearest even once, when stored; q and every step before the
+// store stay f32, so both variants compute the same f32 values); the
+// position comes from *pos_p (device memory, so a captured graph replays
+// with the current position).
 //
 // Launch: grid n_head + n_kv (query heads, then KV heads), block 256.
 #include "common.cuh"
 
 #define PREP_MAX_HD 1024
 
-extern "C" __global__ void __launch_bounds__(256)
-    attn_prep(const float* __restrict__ q_full, const float* __restrict__ k,
-              const float* __restrict__ v, const float* __restrict__ q_norm,
-              const float* __restrict__ k_norm, const double* __restrict__ inv_freq, int n_rot,
-              const int* __restrict__ pos_p, float* __restrict__ q_out, float* __restrict__ k_cache,
-              float* __restrict__ v_cache, int n_head, int n_kv, int hd, int gated, float eps) {
-    PDL_PROLOGUE();
+// A cache element from its f32 value.
+__device__ __forceinline__ void kv_store(float* p, float x) { *p = x; }
+__device__ __forceinline__ void kv_store(u16* p, float x) { *p = f2h(x); }
+
+// One value of a head's output: q_out for query heads (qdst set), the cache
+// for KV heads.
+template <typename T>
+__device__ __forceinline__ void prep_put(float* qdst, T* kdst, int j, float x) {
+    if (qdst)
+        qdst[j] = x;
+    else
+        kv_store(kdst + j, x);
+}
+
+template <typename T>
+__device__ __forceinline__ void attn_prep_body(
+    const float* __restrict__ q_full, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+    const double* __restrict__ inv_freq, int n_rot, const int* __restrict__ pos_p,
+    float* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache, int n_head,
+    int n_kv, int hd, int gated, float eps) {
     __shared__ double scratch[32];
     __shared__ float buf[PREP_MAX_HD];
     const int b = blockIdx.x;
     const int pos = *pos_p;
     const float* src;
     const float* w;
-    float* dst;
+    float* qdst = nullptr;
+    T* kdst = nullptr;
     if (b < n_head) {
         src = q_full + (long long)b * (gated ? 2 * hd : hd);
         w = q_norm;
-        dst = q_out + (long long)b * hd;
+        qdst = q_out + (long long)b * hd;
     } else {
         const int g = b - n_head;
         const long long at = ((long long)pos * n_kv + g) * hd;
         src = k + (long long)g * hd;
         w = k_norm;
-        dst = k_cache + at;
-        for (int j = threadIdx.x; j < hd; j += blockDim.x) v_cache[at + j] = v[(long long)g * hd + j];
+        kdst = k_cache + at;
+        for (int j = threadIdx.x; j < hd; j += blockDim.x)
+            kv_store(v_cache + at + j, v[(long long)g * hd + j]);
     }
     float s = 1.0f;
     if (w) {
@@ -60,10 +79,25 @@ extern "C" __global__ void __launch_bounds__(256)
             sincos((double)pos * inv_freq[j], &sd, &cd);
             const float c = (float)cd, sn = (float)sd;
             const float a = buf[j], bb = buf[j + half];
-            dst[j] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, sn));
-            dst[j + half] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, sn));
+            prep_put(qdst, kdst, j, __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, sn)));
+            prep_put(qdst, kdst, j + half, __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, sn)));
         } else if (j >= n_rot) {
-            dst[j] = buf[j];
+            prep_put(qdst, kdst, j, buf[j]);
         }
     }
 }
+
+#define ATTN_PREP(NAME, T)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                            \
+        NAME(const float* __restrict__ q_full, const float* __restrict__ k,                      \
+             const float* __restrict__ v, const float* __restrict__ q_norm,                      \
+             const float* __restrict__ k_norm, const double* __restrict__ inv_freq, int n_rot,   \
+             const int* __restrict__ pos_p, float* __restrict__ q_out, T* __restrict__ k_cache,  \
+             T* __restrict__ v_cache, int n_head, int n_kv, int hd, int gated, float eps) {      \
+        PDL_PROLOGUE();                                                                          \
+        attn_prep_body<T>(q_full, k, v, q_norm, k_norm, inv_freq, n_rot, pos_p, q_out, k_cache,  \
+                          v_cache, n_head, n_kv, hd, gated, eps);                                \
+    }
+
+ATTN_PREP(attn_prep, float)
+ATTN_PREP(attn_prep_kvf16, u16)

@@ -45,6 +45,14 @@ __device__ __forceinline__ float h2f(u16 h) {
     return f;
 }
 
+// f32 -> f16 bits, IEEE round to nearest even (overflow to infinity), for
+// the f16 KV cache; the host's rounding (`half::f16::from_f32`) matches.
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

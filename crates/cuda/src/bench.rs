@@ -171,14 +171,15 @@ pub fn run(gpu: &Gpu, nrs: &[Variant]) -> Result<Vec<BenchRow>> {
     Ok(out)
 }
 
-/// Decode attention (Qwen3-Next's 16 query / 2 KV heads x 256, f32 KV) at
-/// several lengths, bytes = K and V read once; the fused DeltaNet step
+/// Decode attention (Qwen3-Next's 16 query / 2 KV heads x 256, f32 and f16
+/// KV) at several lengths, bytes = K and V read once (at their element
+/// size); the fused DeltaNet step
 /// (32 value heads of 128 x 128), bytes = the state read and written. Both
 /// rotate over copies so L2 does not hold them.
 pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
     let rng = &mut Rng(0xa77e);
     let mut out = Vec::new();
-    use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
+    use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
     let a = AttnDims {
         n_head: 16,
         n_kv: 2,
@@ -187,14 +188,17 @@ pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
         gated: true,
     };
     let nsplit = ops::default_nsplit(&a, gpu.sms);
-    for n in [4096usize, 32768, 131072] {
-        let kv_bytes = 2 * n * a.n_kv * a.hd * 4;
+    for (n, ty) in [4096usize, 32768, 131072]
+        .into_iter()
+        .flat_map(|n| [KvType::F32, KvType::F16].map(|t| (n, t)))
+    {
+        let kv_bytes = 2 * n * a.n_kv * a.hd * ty.bytes();
         let copies = (ROTATE_BYTES / kv_bytes).clamp(1, 12);
-        let caches: Vec<(CudaSlice<f32>, CudaSlice<f32>)> = (0..copies)
+        let caches: Vec<KvCache> = (0..copies)
             .map(|_| {
-                let k = gpu.stream.clone_htod(&random_vec(n * a.n_kv * a.hd, rng))?;
-                let v = gpu.stream.clone_htod(&random_vec(n * a.n_kv * a.hd, rng))?;
-                Ok((k, v))
+                let k = random_vec(n * a.n_kv * a.hd, rng);
+                let v = random_vec(n * a.n_kv * a.hd, rng);
+                KvCache::upload(gpu, ty, &k, &v)
             })
             .collect::<Result<_>>()?;
         let q = gpu.stream.clone_htod(&random_vec(a.n_head * a.hd, rng))?;
@@ -205,13 +209,11 @@ pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
         let sc = AttnScratch::new(gpu, &a, nsplit)?;
         let o: CudaSlice<f32> = gpu.stream.alloc_zeros(a.n_head * a.hd)?;
         let t = time(gpu, |i| {
-            let (k, v) = &caches[i % copies];
             ops::attention(
                 gpu,
                 &a,
                 &q,
-                k,
-                v,
+                &caches[i % copies],
                 &pos,
                 &sc,
                 Some((&qf, 0)),
@@ -221,8 +223,11 @@ pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
             )
         })?;
         out.push(BenchRow {
-            kernel: format!("attn_split_g8_d8 + attn_merge ({nsplit} slices)"),
-            shape: format!("16q/2kv x 256, n {n}"),
+            kernel: format!(
+                "{} + attn_merge ({nsplit} slices)",
+                ty.kernel("attn_split", "_g8_d8")
+            ),
+            shape: format!("16q/2kv x 256, {} KV, n {n}", ty.name()),
             bytes: kv_bytes,
             us: t * 1e6,
             gbps: kv_bytes as f64 / t / 1e9,

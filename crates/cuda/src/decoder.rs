@@ -25,7 +25,7 @@ use crate::expert_cache::{read_counters, CacheCounters, HostExperts, HostSet, La
 use crate::gemv::{
     expert_image, DeviceMatrix, ExpertStack, NormTail, NormTailArgs, Q8Vec, DEFAULT_NR, Q8_TYPES,
 };
-use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
+use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 use rayon::prelude::*;
@@ -192,8 +192,7 @@ struct AttnOp {
     q: CudaSlice<f32>,
     o: CudaSlice<f32>,
     oq: Option<Q8Vec>,
-    k_cache: CudaSlice<f32>,
-    v_cache: CudaSlice<f32>,
+    kv: KvCache,
     scratch: AttnScratch,
     post_norm: Option<PostNorm>,
 }
@@ -678,8 +677,7 @@ impl Op {
                     &a.inv_freq,
                     &b.pos,
                     &a.q,
-                    &a.k_cache,
-                    &a.v_cache,
+                    &a.kv,
                     a.eps,
                 )?;
                 let gate = a.dims.gated.then_some(qf);
@@ -687,8 +685,7 @@ impl Op {
                     gpu,
                     &a.dims,
                     &a.q,
-                    &a.k_cache,
-                    &a.v_cache,
+                    &a.kv,
                     &b.pos,
                     &a.scratch,
                     gate,
@@ -862,6 +859,7 @@ struct Builder<'a> {
     ctx: usize,
     nsplit: Option<usize>,
     int8: bool,
+    kv: KvType,
     cache: Option<ExpertCacheOptions>,
     n_moe: usize,
     /// Pinned staging sets for misses read from the file, one per distinct
@@ -913,8 +911,7 @@ impl Builder<'_> {
             q: gpu.stream.alloc_zeros(nh * hd)?,
             o: gpu.stream.alloc_zeros(nh * hd)?,
             oq: q8vec(gpu, self.int8, nh * hd)?,
-            k_cache: gpu.stream.alloc_zeros(self.ctx * nkv * hd)?,
-            v_cache: gpu.stream.alloc_zeros(self.ctx * nkv * hd)?,
+            kv: KvCache::new(gpu, self.kv, self.ctx * nkv * hd)?,
             scratch: AttnScratch::new(gpu, &dims, nsplit)?,
             dims,
             post_norm: None,
@@ -1202,6 +1199,9 @@ pub struct DecoderOptions {
     /// int8 activations for the formats with int8 kernels (faster; the
     /// CPU fast path's kind of rounding instead of the reference path's).
     pub int8: bool,
+    /// Element type of the KV caches (`KvType::default_for(int8)`: f16 in
+    /// int8 mode, f32 in f32 mode).
+    pub kv_type: KvType,
     /// A bounded expert cache (None: every expert resident).
     pub expert_cache: Option<ExpertCacheOptions>,
 }
@@ -1295,6 +1295,7 @@ impl CudaDecoder {
             ctx: opts.ctx,
             nsplit: opts.nsplit,
             int8: opts.int8,
+            kv: opts.kv_type,
             cache: opts.expert_cache,
             n_moe: 0,
             staging: Vec::new(),

@@ -34,8 +34,13 @@ pub struct DevicePlanInput {
     pub slot_bytes: u64,
     /// Experts a token uses per layer.
     pub k: u64,
-    /// KV cache and DeltaNet state for `ctx` positions.
-    pub state_bytes: u64,
+    /// K and V values per position over all attention layers, and the
+    /// bytes of one in the decoder's cache (`KvType::bytes`: 2 for f16, 4
+    /// for f32); the fixed DeltaNet state. The state for `ctx` positions is
+    /// [`DevicePlanInput::state_bytes`].
+    pub kv_values_per_pos: u64,
+    pub kv_value_bytes: u64,
+    pub recurrent_bytes: u64,
     pub ctx: u64,
     /// Free and total device memory.
     pub device_free: u64,
@@ -48,6 +53,14 @@ pub struct DevicePlanInput {
     pub source: ExpertSource,
     /// Pre-gating wanted (it needs pinned experts).
     pub pregate: bool,
+}
+
+impl DevicePlanInput {
+    /// KV cache and DeltaNet state for `ctx` positions, at the cache's
+    /// element size.
+    pub fn state_bytes(&self) -> u64 {
+        self.kv_values_per_pos * self.kv_value_bytes * self.ctx + self.recurrent_bytes
+    }
 }
 
 /// RAM kept free beside the pinned experts.
@@ -63,7 +76,7 @@ pub fn plan_device(i: &DevicePlanInput) -> Result<(Option<ExpertCacheOptions>, S
         slot_bytes: i.slot_bytes,
         // Every layer's pool must hold a token's experts.
         n_used: i.k * i.moe_layers,
-        state_bytes: i.state_bytes,
+        state_bytes: i.state_bytes(),
         ctx: i.ctx,
         available: Some(i.device_free),
         memory: i.memory,
@@ -81,9 +94,10 @@ pub fn plan_device(i: &DevicePlanInput) -> Result<(Option<ExpertCacheOptions>, S
         (None, _) => "unlimited".into(),
     };
     let head = format!(
-        "memory plan (cuda): budget {budget} | on the device: dense {} + state {} for {} positions + reserve {}",
+        "memory plan (cuda): budget {budget} | on the device: dense {} + state {} ({} KV) for {} positions + reserve {}",
         human(i.dense_bytes),
-        human(i.state_bytes),
+        human(i.state_bytes()),
+        if i.kv_value_bytes == 2 { "f16" } else { "f32" },
         i.ctx,
         human(DEFAULT_RESERVE)
     );
@@ -149,8 +163,8 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     /// 4 MoE layers x 16 experts of 64 MiB (4 GiB of experts), k = 4,
-    /// dense 1 GiB, state 512 MiB; with the 512 MiB reserve the fixed part
-    /// is 2 GiB.
+    /// dense 1 GiB, state 512 MiB (32768 f32 K and V values per position x
+    /// 4096 positions); with the 512 MiB reserve the fixed part is 2 GiB.
     fn input() -> DevicePlanInput {
         DevicePlanInput {
             dense_bytes: GIB,
@@ -159,7 +173,9 @@ mod tests {
             experts_per_layer: 16,
             slot_bytes: 64 * MIB,
             k: 4,
-            state_bytes: 512 * MIB,
+            kv_values_per_pos: 32768,
+            kv_value_bytes: 4,
+            recurrent_bytes: 0,
             ctx: 4096,
             device_free: 80 * GIB,
             device_total: 80 * GIB,
@@ -197,6 +213,30 @@ mod tests {
         // --expert-cache 1 GiB: 16 slots = 4 per layer, the minimum.
         i.expert_cache = Some(GIB);
         assert_eq!(plan_device(&i).unwrap().0.unwrap().slots_per_layer, 4);
+    }
+
+    #[test]
+    fn f16_kv_halves_the_state() {
+        // 32768 values x 2 bytes x 4096 positions = 256 MiB, + 8 MiB of
+        // DeltaNet state: fixed 1 GiB + 264 MiB + 512 MiB; a 4 GiB budget
+        // leaves 2 GiB + 248 MiB = 35 slots of 64 MiB (56 MiB left over):
+        // 8 per layer (35 / 4).
+        let mut i = input();
+        assert_eq!(i.state_bytes(), 512 * MIB);
+        i.kv_value_bytes = 2;
+        i.recurrent_bytes = 8 * MIB;
+        assert_eq!(i.state_bytes(), 264 * MIB);
+        i.memory = Some(4 * GIB);
+        let (c, line) = plan_device(&i).unwrap();
+        assert_eq!(c.unwrap().slots_per_layer, 8);
+        assert!(
+            line.contains("state 264.00 MiB (f16 KV) for 4096 positions"),
+            "{line}"
+        );
+        // Without the DeltaNet state: 2 GiB + 256 MiB = 36 slots, 9 a layer
+        // (f32: 8, budget_gives_slots_per_layer).
+        i.recurrent_bytes = 0;
+        assert_eq!(plan_device(&i).unwrap().0.unwrap().slots_per_layer, 9);
     }
 
     #[test]

@@ -106,7 +106,7 @@ pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "attn_prep.cu",
         source: kernel_dir!("attn_prep.cu"),
-        kernels: &["attn_prep"],
+        kernels: &["attn_prep", "attn_prep_kvf16"],
     },
     KernelFile {
         name: "attention.cu",
@@ -124,6 +124,18 @@ pub const FILES: &[KernelFile] = &[
             "attn_split_g2_d8",
             "attn_split_g4_d8",
             "attn_split_g8_d8",
+            "attn_split_kvf16_g1_d2",
+            "attn_split_kvf16_g2_d2",
+            "attn_split_kvf16_g4_d2",
+            "attn_split_kvf16_g8_d2",
+            "attn_split_kvf16_g1_d4",
+            "attn_split_kvf16_g2_d4",
+            "attn_split_kvf16_g4_d4",
+            "attn_split_kvf16_g8_d4",
+            "attn_split_kvf16_g1_d8",
+            "attn_split_kvf16_g2_d8",
+            "attn_split_kvf16_g4_d8",
+            "attn_split_kvf16_g8_d8",
             "attn_merge",
         ],
     },
@@ -293,7 +305,9 @@ mod tests {
             for k in f.kernels {
                 let prefix = k.rsplit_once("_r").map_or(*k, |p| p.0);
                 let attn = k
-                    .strip_prefix("attn_split_g")
+                    .strip_prefix("attn_split_")
+                    .map(|r| r.strip_prefix("kvf16_").unwrap_or(r))
+                    .and_then(|r| r.strip_prefix('g'))
                     .and_then(|r| r.split_once("_d"))
                     .is_some_and(|(g, d)| src.contains(&format!("ATTN_SPLIT({g}, {d})")));
                 assert!(

@@ -5,6 +5,7 @@
 use crate::decoder::{CudaDecoder, DecoderOptions, ExpertCacheOptions};
 use crate::error::{ensure, Result};
 use crate::expert_cache::CacheCounters;
+use crate::ops::KvType;
 use crate::Gpu;
 use redlite_model::{Logits, Model};
 
@@ -116,6 +117,7 @@ pub fn parity(
             ctx,
             nsplit: None,
             int8,
+            kv_type: KvType::default_for(int8),
             expert_cache: None,
         },
     )?;
@@ -238,6 +240,7 @@ pub fn cache_sweep(
         ctx,
         nsplit: None,
         int8,
+        kv_type: KvType::default_for(int8),
         expert_cache: c,
     };
     let mut full = CudaDecoder::new(gpu.side()?, model, &opts(None))?;

@@ -6,7 +6,7 @@
 use crate::device::Gpu;
 use crate::error::Result;
 use crate::gemv::Q8Vec;
-use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights};
+use crate::ops::{self, f16_round, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
 use crate::reference::{self as r, GdnShape, GdnStepInputs};
 use crate::selftest::{compare, fold, Worst};
 use crate::testdata::{random_vec, Rng};
@@ -39,7 +39,7 @@ pub fn run(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
     );
     out.push(rms_norm(gpu, rng)?);
     rms_norm_q8(gpu, rng, &mut q8w)?;
-    out.push(attn_prep(gpu, rng)?);
+    out.extend(attn_prep(gpu, rng)?);
     out.extend(attention(gpu, rng, &mut q8w)?);
     out.push(deltanet(gpu, rng, &mut q8w)?);
     out.push(router(gpu, rng)?);
@@ -124,8 +124,23 @@ fn rms_norm_q8(gpu: &Gpu, rng: &mut Rng, w: &mut Worst) -> Result<()> {
     Ok(())
 }
 
-fn attn_prep(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
+/// Bit-for-bit equality (NaN-safe).
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// The f32-cache kernel against the float64 reference; the f16-cache one
+/// on the same inputs: its q and every value before the store are the same
+/// f32 math, so q must equal the f32 variant's bit for bit and the stored k
+/// and v must be exactly the f16 rounding (host `half`, nearest even) of
+/// the f32 variant's k and of the input v (a mismatch fails the row as
+/// "not all written").
+fn attn_prep(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
     let mut w = Worst::new("attn_prep (q/k RMSNorm + partial RoPE + KV append)".into());
+    let mut wh = Worst::new(
+        "attn_prep_kvf16 (the same, K and V stored as f16: exact rounding of the f32 variant's)"
+            .into(),
+    );
     let shapes = [
         (
             AttnDims {
@@ -180,33 +195,44 @@ fn attn_prep(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             let (qfd, kd, vd) = (up(gpu, &qf)?, up(gpu, &k)?, up(gpu, &v)?);
             let (qnd, knd, invd) = (up(gpu, &qn)?, up(gpu, &kn)?, up(gpu, inv_use)?);
             let posd = up(gpu, &[slot as i32])?;
-            let qo = nan(gpu, a.n_head * a.hd)?;
-            let kc: CudaSlice<f32> = gpu.stream.alloc_zeros(ctx * a.n_kv * a.hd)?;
-            let vc: CudaSlice<f32> = gpu.stream.alloc_zeros(ctx * a.n_kv * a.hd)?;
-            ops::attn_prep(
-                gpu,
-                &a,
-                (&qfd, 0),
-                (&kd, 0),
-                (&vd, 0),
-                Some((&qnd, &knd)),
-                &invd,
-                &posd,
-                &qo,
-                &kc,
-                &vc,
-                1e-6,
-            )?;
-            fold(&mut w, compare(&down(gpu, &qo)?, &want_q));
-            let kcv = down(gpu, &kc)?;
-            let vcv = down(gpu, &vc)?;
             let row = slot * a.n_kv * a.hd..(slot + 1) * a.n_kv * a.hd;
-            fold(&mut w, compare(&kcv[row.clone()], &want_k));
+            let run = |ty: KvType| -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+                let qo = nan(gpu, a.n_head * a.hd)?;
+                let kv = KvCache::new(gpu, ty, ctx * a.n_kv * a.hd)?;
+                ops::attn_prep(
+                    gpu,
+                    &a,
+                    (&qfd, 0),
+                    (&kd, 0),
+                    (&vd, 0),
+                    Some((&qnd, &knd)),
+                    &invd,
+                    &posd,
+                    &qo,
+                    &kv,
+                    1e-6,
+                )?;
+                let q = down(gpu, &qo)?;
+                let (kc, vc) = kv.download(gpu)?;
+                Ok((q, kc[row.clone()].to_vec(), vc[row.clone()].to_vec()))
+            };
+            let (q32, k32, v32) = run(KvType::F32)?;
+            fold(&mut w, compare(&q32, &want_q));
+            fold(&mut w, compare(&k32, &want_k));
             let vw: Vec<f64> = v.iter().map(|&x| x as f64).collect();
-            fold(&mut w, compare(&vcv[row], &vw));
+            fold(&mut w, compare(&v32, &vw));
+            let (q16, k16, v16) = run(KvType::F16)?;
+            let round = |x: &[f32]| -> Vec<f32> { x.iter().map(|&y| f16_round(y)).collect() };
+            let (want_k16, want_v16) = (round(&k32), round(&v));
+            let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&y| y as f64).collect() };
+            fold(&mut wh, compare(&q16, &want_q));
+            fold(&mut wh, compare(&k16, &wide(&want_k16)));
+            fold(&mut wh, compare(&v16, &wide(&want_v16)));
+            wh.all_written &=
+                same_bits(&q16, &q32) && same_bits(&k16, &want_k16) && same_bits(&v16, &want_v16);
         }
     }
-    Ok(w)
+    Ok(vec![w, wh])
 }
 
 fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec<Worst>> {
@@ -241,19 +267,28 @@ fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec<Worst>> {
             gated: false,
         },
     ];
-    for a in shapes {
+    // Every shape with both cache types; for f16 the reference takes K and V
+    // rounded as the cache stores them (the kernel widens them exactly), so
+    // the same tolerance holds.
+    for (a, ty) in shapes
+        .into_iter()
+        .flat_map(|a| [KvType::F32, KvType::F16].map(|t| (a, t)))
+    {
         let lens: &[usize] = if a.hd == 256 {
             &[1, 7, 100, 1000, 4097, 32768]
         } else {
             &[1, 33, 1000, 5000]
         };
         let mut w = Worst::new(format!(
-            "attn_split_g{}_d{} + attn_merge ({}q/{}kv x {}, n up to {})",
-            a.heads_per_block(),
-            a.hd / 32,
+            "{} + attn_merge ({}q/{}kv x {}, {} KV, n up to {})",
+            ty.kernel(
+                "attn_split",
+                &format!("_g{}_d{}", a.heads_per_block(), a.hd / 32)
+            ),
             a.n_head,
             a.n_kv,
             a.hd,
+            ty.name(),
             lens.last().unwrap()
         ));
         for &n in lens {
@@ -264,8 +299,15 @@ fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec<Worst>> {
                     .iter()
                     .map(|v| v * 3.0)
                     .collect();
-                let k = random_vec(n * a.n_kv * hd, rng);
-                let v = random_vec(n * a.n_kv * hd, rng);
+                let (mut k, mut v) = (
+                    random_vec(n * a.n_kv * hd, rng),
+                    random_vec(n * a.n_kv * hd, rng),
+                );
+                if ty == KvType::F16 {
+                    for x in k.iter_mut().chain(v.iter_mut()) {
+                        *x = f16_round(*x);
+                    }
+                }
                 let gate: Vec<f32> = qf
                     .chunks_exact(2 * hd)
                     .flat_map(|h| h[hd..].to_vec())
@@ -282,7 +324,8 @@ fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec<Worst>> {
                     scale,
                     a.gated.then_some(&gate[..]),
                 );
-                let (qd, kd, vd, qfd) = (up(gpu, &q)?, up(gpu, &k)?, up(gpu, &v)?, up(gpu, &qf)?);
+                let (qd, qfd) = (up(gpu, &q)?, up(gpu, &qf)?);
+                let kv = KvCache::upload(gpu, ty, &k, &v)?;
                 let posd = up(gpu, &[(n - 1) as i32])?;
                 let sc = AttnScratch::new(gpu, &a, nsplit)?;
                 let od = nan(gpu, a.n_head * hd)?;
@@ -291,8 +334,7 @@ fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec<Worst>> {
                     gpu,
                     &a,
                     &qd,
-                    &kd,
-                    &vd,
+                    &kv,
                     &posd,
                     &sc,
                     a.gated.then_some((&qfd, 0)),
