@@ -473,6 +473,13 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
     double ss = 0.0;
     if (wrow0 < rows) {
     const int row0 = wrow0 + (lane / spr) * NR;
+    // The residual x of this lane's rows, loaded now so the add after the
+    // reduction waits for no load.
+    float xres[NR];
+    if (tail && cl == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; r++) xres[r] = row0 + r < rows ? tail->x[row0 + r] : 0.f;
+    }
     float acc[NR];
     const u8* rp[NR];
     const u16* dp[NR];
@@ -512,7 +519,7 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
         if (cl == 0 && row0 + r < rows) {
             y[row0 + r] = s;
             if (tail) {
-                const float v = __fadd_rn(tail->x[row0 + r], s);
+                const float v = __fadd_rn(xres[r], s);
                 tail->x[row0 + r] = v;
                 ss += (double)v * (double)v;
             }
