@@ -676,6 +676,15 @@ mod tests {
     }
 
     #[test]
+    fn kv_type_flag() {
+        assert_eq!(parse("-m f").kv_type, None);
+        let a = parse("-m f --device cuda --kv-type f32");
+        assert_eq!(a.kv_type.as_deref(), Some("f32"));
+        let bad = Cli::try_parse_from(["x", "-m", "f", "--kv-type", "q8_0"]);
+        assert!(bad.is_err());
+    }
+
+    #[test]
     fn names_and_stats() {
         let r = TestResult {
             n_prompt: 0,

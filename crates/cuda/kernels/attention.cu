@@ -240,8 +240,12 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
     }
 }
 
-#define ATTN_SPLIT_T(NAME, T, GB, DPL)                                                          \
-    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                 \
+// MINB: blocks per SM for __launch_bounds__ (0: none). The f16 kernels ask
+// for 1, as the one-wave grid of default_nsplit needs: left to its
+// occupancy heuristic ptxas capped attn_split_kvf16_g4_d4 at 64 registers
+// and spilled. The f32 kernels keep their measured allocation.
+#define ATTN_SPLIT_T(NAME, T, GB, DPL, MINB)                                                    \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, MINB)                           \
         NAME(const float* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,    \
              const int* __restrict__ pos_p, float* __restrict__ part_o,                          \
              float* __restrict__ part_ml, int n_head, int n_kv, int nsplit, float scale) {       \
@@ -253,8 +257,8 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
 // Both cache types of one shape: attn_split_gGB_dDPL (f32 KV) and
 // attn_split_kvf16_gGB_dDPL (f16 KV).
 #define ATTN_SPLIT(GB, DPL)                                     \
-    ATTN_SPLIT_T(attn_split_g##GB##_d##DPL, float, GB, DPL)     \
-    ATTN_SPLIT_T(attn_split_kvf16_g##GB##_d##DPL, u16, GB, DPL)
+    ATTN_SPLIT_T(attn_split_g##GB##_d##DPL, float, GB, DPL, 0)  \
+    ATTN_SPLIT_T(attn_split_kvf16_g##GB##_d##DPL, u16, GB, DPL, 1)
 
 // Query heads per block 1, 2, 4, 8 (the largest power of two <= 8 dividing
 // the GQA group) x head_dim 64, 128, 256 (2, 4, 8 dims per lane).
