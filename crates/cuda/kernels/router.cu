@@ -7,87 +7,151 @@
 // loop adds them in): experts_out[i], w_out[i], and slots_out[i] =
 // slot_of[expert] (the slot table; null: the identity, full residency).
 //
-// Launch: one warp (grid 1, block 32). n <= 32*ROUTER_PER_LANE, k <= 32.
+// Launch: one block of 32 * ceil(n / 32) threads (grid 1), one logit per
+// thread. n <= ROUTER_MAX_N = 1024, 1 <= k <= min(n, 32).
+//
+// The work is a chain of block barriers, so the design minimises barriers,
+// not arithmetic (the old one-warp kernel did k serial rounds of a
+// 32-wide scan plus a 5-step shuffle argmax: ~10 us):
+//  - softmax: warp max -> shared -> max of the warp maxima; the f64 sum is
+//    added in exactly the old kernel's order (lane L adds the logits L,
+//    L+32, L+64, ... in turn, then an xor tree over the lanes), so every p
+//    is bit-identical to the old kernel's (the selftest and the engine
+//    parity compare against references that sum in yet other orders).
+//  - selection: p >= 0, so its f32 bits, as an unsigned key, order like p
+//    (NaN, only from NaN or infinite logits, is keyed as 0, the lowest:
+//    garbage out, but k in-bounds expert ids). A bitwise search for the
+//    k-th largest key, one __syncthreads_count per bit from the top bit of
+//    max p (= 1/sum) down, stops as soon as exactly k keys are >= the
+//    prefix found so far (the set is then decided: usually after ~10-15 of
+//    the ~30 bits). If the bits run out with more than k keys >= the k-th
+//    largest, those extra are ties at it: of the tied, the lowest indices
+//    are taken (a block prefix count), the old kernel's tie rule.
+//  - order: a block prefix count over the chosen puts them in ascending
+//    expert order; then one warp, lane i holding chosen i, ranks them by
+//    (p desc, index asc) = the old kernel's selection order, and every lane
+//    adds the chosen p in that order for the renorm sum (as the CPU does).
+// crates/cuda/src/kernel_model.rs models this selection on the host and
+// checks it against a sort-based top-k.
 #include "common.cuh"
 
-#define ROUTER_PER_LANE 32
+#define ROUTER_MAX_N 1024
+#define ROUTER_MAX_K 32
 
-extern "C" __global__ void __launch_bounds__(32)
+// p's order as an unsigned integer (p >= 0 or NaN; NaN lowest).
+__device__ __forceinline__ u32 router_key(float p) { return p == p ? __float_as_uint(p) : 0u; }
+
+// Over the block: how many threads before this one (in thread order) have
+// `pred`. One barrier; `wc` (32 words) must not be read by anyone else
+// until the block's next barrier, so each call needs its own `wc`.
+__device__ __forceinline__ int router_count_before(bool pred, u32* wc) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 b = __ballot_sync(0xffffffffu, pred);
+    if (lane == 0) wc[warp] = __popc(b);
+    __syncthreads();
+    int before = __popc(b & ((1u << lane) - 1u));
+    for (int w = 0; w < warp; w++) before += (int)wc[w];
+    return before;
+}
+
+extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
     router_topk(const float* __restrict__ logits, int n, int k, int norm,
                 const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
                 u32* __restrict__ experts_out, float* __restrict__ w_out) {
     PDL_PROLOGUE();
-    const int lane = threadIdx.x;
-    float v[ROUTER_PER_LANE];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < ROUTER_PER_LANE; i++) {
-        const int e = lane + 32 * i;
-        v[i] = e < n ? logits[e] : -INFINITY;
-        mx = fmaxf(mx, v[i]);
-    }
+    __shared__ float s_e[ROUTER_MAX_N];
+    __shared__ float s_wmax[32];
+    __shared__ float s_inv;
+    __shared__ u32 s_ties[32];
+    __shared__ u32 s_chosen[32];
+    __shared__ u32 s_win_e[ROUTER_MAX_K];
+    __shared__ float s_win_p[ROUTER_MAX_K];
+    __shared__ float s_ord_p[ROUTER_MAX_K];
+
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int n_warps = blockDim.x >> 5;
+    const bool valid = t < n;
+
+    // max (fmaxf is exact in any order)
+    const float x = valid ? logits[t] : -INFINITY;
+    float mx = x;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    double sum = 0.0;
+    if (lane == 0) s_wmax[warp] = mx;
+    __syncthreads();
+    mx = lane < n_warps ? s_wmax[lane] : -INFINITY;
 #pragma unroll
-    for (int i = 0; i < ROUTER_PER_LANE; i++) {
-        const int e = lane + 32 * i;
-        v[i] = e < n ? expf(v[i] - mx) : -1.0f;
-        if (e < n) sum += (double)v[i];
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+
+    // f64 sum in the old one-warp kernel's order (see the top)
+    const float e = valid ? expf(x - mx) : 0.0f;
+    s_e[t] = e;
+    __syncthreads();
+    if (warp == 0) {
+        double sum = 0.0;
+#pragma unroll
+        for (int i = 0; i < ROUTER_MAX_N / 32; i++)
+            if (lane + 32 * i < n) sum += (double)s_e[lane + 32 * i];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0) s_inv = (float)(1.0 / sum);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float inv = (float)(1.0 / sum);
-#pragma unroll
-    for (int i = 0; i < ROUTER_PER_LANE; i++)
-        if (lane + 32 * i < n) v[i] = __fmul_rn(v[i], inv);
-    // k rounds of a warp argmax; the winner's entry is set to -1 (p >= 0).
-    u32 sel_e[32];
-    float sel_p[32];
-    for (int r = 0; r < k; r++) {
-        float best = -2.0f;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < ROUTER_PER_LANE; i++) {
-            if (v[i] > best) {  // ascending index within a lane: ties keep the lower
-                best = v[i];
-                bi = lane + 32 * i;
-            }
+    __syncthreads();
+    const float inv = s_inv;
+    const float p = __fmul_rn(e, inv);
+    const u32 key = router_key(p);
+
+    // The k-th largest key, bit by bit; every key <= key(inv) (e <= 1, so
+    // p = e * inv <= inv), so the bits above inv's top bit are 0 in all.
+    // `cnt` = how many keys are >= `thr`; stop once that is exactly k.
+    u32 thr = 0;
+    int cnt = n;
+    const u32 key_max = router_key(inv);
+    for (int b = key_max ? 31 - __clz(key_max) : -1; b >= 0 && cnt != k; b--) {
+        const u32 c = thr | (1u << b);
+        const int m = __syncthreads_count(valid && key >= c);  // block-uniform
+        if (m >= k) {
+            thr = c;
+            cnt = m;
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ob > best || (ob == best && oi < bi)) {
-                best = ob;
-                bi = oi;
-            }
-        }
-        sel_e[r] = (u32)bi;
-        sel_p[r] = best;
-#pragma unroll
-        for (int i = 0; i < ROUTER_PER_LANE; i++)
-            if (lane + 32 * i == bi) v[i] = -1.0f;
     }
-    if (lane != 0) return;
+    bool chosen = valid && key >= thr;
+    if (cnt != k) {
+        // thr is the k-th largest key and more than k keys are >= it: the
+        // ones above it, and of those equal to it the lowest indices.
+        const int above = __syncthreads_count(valid && key > thr);
+        const bool tie = valid && key == thr;
+        const int ties_before = router_count_before(tie, s_ties);
+        chosen = (valid && key > thr) || (tie && ties_before < k - above);
+    }
+    // exactly k chosen; in ascending expert order (`pos < k` only guards
+    // the shared arrays, it holds by the argument above)
+    const int pos = router_count_before(chosen, s_chosen);
+    if (chosen && pos < k) {
+        s_win_e[pos] = (u32)t;
+        s_win_p[pos] = p;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+
+    // lane i: chosen i; its rank in selection order (p desc, then index asc;
+    // the chosen are in index order, so a lower lane = a lower index)
+    const bool act = lane < k;
+    const u32 me = act ? s_win_e[lane] : 0u;
+    const float mp = act ? s_win_p[lane] : 0.0f;
+    const u32 mk = router_key(mp);
+    int rank = 0;
+    for (int j = 0; j < k; j++) {
+        const u32 ok = __shfl_sync(0xffffffffu, mk, j);
+        rank += (ok > mk || (ok == mk && j < lane)) ? 1 : 0;
+    }
+    if (act) s_ord_p[rank] = mp;
+    __syncwarp();
     float s = 0.0f;
-    for (int r = 0; r < k; r++) s += sel_p[r];
-    // insertion sort by expert id
-    for (int a = 1; a < k; a++) {
-        const u32 e = sel_e[a];
-        const float p = sel_p[a];
-        int b = a - 1;
-        while (b >= 0 && sel_e[b] > e) {
-            sel_e[b + 1] = sel_e[b];
-            sel_p[b + 1] = sel_p[b];
-            b--;
-        }
-        sel_e[b + 1] = e;
-        sel_p[b + 1] = p;
-    }
-    for (int r = 0; r < k; r++) {
-        experts_out[r] = sel_e[r];
-        slots_out[r] = slot_of ? slot_of[sel_e[r]] : sel_e[r];
-        w_out[r] = norm ? sel_p[r] / s : sel_p[r];
+    for (int j = 0; j < k; j++) s += s_ord_p[j];
+    if (act) {
+        experts_out[lane] = me;
+        slots_out[lane] = slot_of ? slot_of[me] : me;
+        w_out[lane] = norm ? mp / s : mp;
     }
 }

@@ -601,12 +601,16 @@ pub fn router_topk(
         dptr(gpu, Some(w)),
     ];
     let (n_i, k_i, norm_i) = (n as i32, k as i32, norm as i32);
+    // One thread per logit, whole warps: the kernel's barriers cost less
+    // with fewer warps, so no more than n needs.
+    let threads = n.div_ceil(32) as u32 * 32;
     // SAFETY: router_topk(logits, n, k, norm, slot_of, slots_out,
-    // experts_out, w_out); sizes checked above (n <= 32 * 32 lanes' worth).
+    // experts_out, w_out); sizes checked above; the kernel needs
+    // 32 * ceil(n / 32) threads (<= its launch bound of 1024, as n <= 1024).
     unsafe {
         gpu.launch(
             "router_topk",
-            cfg((1, 1), 32),
+            cfg((1, 1), threads),
             &[&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]],
         )
     }

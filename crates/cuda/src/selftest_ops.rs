@@ -464,15 +464,37 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
 fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
     let mut w =
         Worst::new("router_topk (softmax, top-k, renorm, slots; abs err of weights)".into());
-    for (n, k, norm) in [
-        (512, 10, true),
-        (16, 4, true),
-        (128, 8, false),
-        (1000, 32, true),
-        (64, 1, true),
+    // n not a multiple of 32 (a partial last warp), n = k, k = 1 and 32,
+    // the largest n; `ties`: logits on a coarse grid, so the k-th largest
+    // p is tied with others and the lower expert indices must win (equal
+    // logits give equal p on the device and in the f64 reference alike).
+    for (n, k, norm, ties) in [
+        (512, 10, true, false),
+        (16, 4, true, false),
+        (128, 8, false, false),
+        (1000, 32, true, false),
+        (64, 1, true, false),
+        (513, 10, true, false),
+        (1024, 32, false, false),
+        (33, 32, true, false),
+        (32, 32, true, false),
+        (5, 5, false, false),
+        (512, 10, true, true),
+        (100, 8, true, true),
+        (1024, 32, true, true),
+        (7, 3, false, true),
     ] {
         for _ in 0..4 {
-            let logits: Vec<f32> = random_vec(n, rng).iter().map(|v| v * 4.0).collect();
+            let logits: Vec<f32> = random_vec(n, rng)
+                .iter()
+                .map(|v| {
+                    if ties {
+                        (v * 3.0).round() * 0.5
+                    } else {
+                        v * 4.0
+                    }
+                })
+                .collect();
             let want = r::route(&logits, k, norm);
             let slot_of: Vec<u32> = (0..n as u32).map(|e| (e * 7 + 3) % n as u32).collect();
             let (ld, sod) = (up(gpu, &logits)?, up(gpu, &slot_of)?);
