@@ -130,7 +130,7 @@ pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "deltanet.cu",
         source: kernel_dir!("deltanet.cu"),
-        kernels: &["gdn_step"],
+        kernels: &["gdn_step_c4", "gdn_step_c2", "gdn_step_c1"],
     },
     KernelFile {
         name: "router.cu",
