@@ -284,7 +284,7 @@ pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
     })?;
     let bytes = 2 * d.state_len() * 4;
     out.push(BenchRow {
-        kernel: "gdn_step".into(),
+        kernel: d.split().map_or("gdn_step", |s| s.1).into(),
         shape: "32 value heads x 128x128 (state read + written)".into(),
         bytes,
         us: t * 1e6,

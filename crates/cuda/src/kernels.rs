@@ -142,7 +142,7 @@ pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "deltanet.cu",
         source: kernel_dir!("deltanet.cu"),
-        kernels: &["gdn_step"],
+        kernels: &["gdn_step_c4", "gdn_step_c2", "gdn_step_c1"],
     },
     KernelFile {
         name: "router.cu",
@@ -311,7 +311,10 @@ mod tests {
                     .and_then(|r| r.split_once("_d"))
                     .is_some_and(|(g, d)| src.contains(&format!("ATTN_SPLIT({g}, {d})")));
                 assert!(
-                    src.contains(&format!("GEMV_KERNELS({prefix},")) || src.contains(k) || attn,
+                    src.contains(&format!("GEMV_KERNELS({prefix},"))
+                        || src.contains(&format!("GATE_UP_SWIGLU_KERNELS({prefix},"))
+                        || src.contains(k)
+                        || attn,
                     "{k}"
                 );
             }

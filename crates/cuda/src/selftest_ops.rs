@@ -381,6 +381,15 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
             dv: 128,
             conv_kernel: 3,
         },
+        // dv 32: the one-block-per-head kernel (gdn_step_c1); K 5: two
+        // rounds of window tap loads.
+        GdnShape {
+            n_k: 2,
+            n_v: 4,
+            dk: 128,
+            dv: 32,
+            conv_kernel: 5,
+        },
     ];
     for s in shapes {
         let d = GdnDims {
