@@ -23,7 +23,8 @@ use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
 use crate::expert_cache::{read_counters, CacheCounters, HostExperts, HostSet, LayerCache};
 use crate::gemv::{
-    expert_image, DeviceMatrix, ExpertStack, NormTail, NormTailArgs, Q8Vec, DEFAULT_NR, Q8_TYPES,
+    expert_image, CombineInputs, DeviceMatrix, ExpertStack, NormTail, NormTailArgs, Q8Vec,
+    DEFAULT_NR, DOWN_MAX_K, Q8_TYPES,
 };
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -349,6 +350,9 @@ struct MoeOp {
     next_norm: Option<(CudaSlice<f32>, f32, bool)>,
     /// The combine's last-block norm.
     norm_scratch: ops::NormScratch,
+    /// int8 mode: the down projection, combine and next norm in one launch
+    /// (made before the capture, for the decoder's buffers).
+    down_tail: Option<NormTail>,
     /// Gate|up and SwiGLU of the routed experts in one launch where the
     /// format allows (see [`Unfuse`]).
     fuse_swiglu: bool,
@@ -387,12 +391,14 @@ enum Op {
 /// `shared_branch` (the shared expert inline on the main stream instead of
 /// a branch of its own), `post_norm` (the Norm after a mixer as a launch
 /// of its own), `gate_up_swiglu` (SwiGLU after the routed gate|up as a
-/// launch of its own).
+/// launch of its own), `down_combine` (the routed down projection and the
+/// combine + norm as two launches).
 #[derive(Clone, Copy, Debug, Default)]
 struct Unfuse {
     shared_branch: bool,
     post_norm: bool,
     gate_up_swiglu: bool,
+    down_combine: bool,
 }
 
 impl Unfuse {
@@ -406,8 +412,9 @@ impl Unfuse {
                 "shared_branch" => u.shared_branch = true,
                 "post_norm" => u.post_norm = true,
                 "gate_up_swiglu" => u.gate_up_swiglu = true,
+                "down_combine" => u.down_combine = true,
                 other => bail!(
-                    "REDLITE_CUDA_UNFUSE: unknown fusion {other:?} (shared_branch, post_norm, gate_up_swiglu)"
+                    "REDLITE_CUDA_UNFUSE: unknown fusion {other:?} (shared_branch, post_norm, gate_up_swiglu, down_combine)"
                 ),
             }
         }
@@ -778,6 +785,30 @@ impl Op {
                         ops::swiglu(gpu, (&m.yg, 0), (&m.yu, 0), &m.yg, m.actq.as_ref(), kf)?;
                     }
                 }
+                if let (Some(tail), Some(q), Some((nw, eps, want_q))) =
+                    (&m.down_tail, &m.actq, &m.next_norm)
+                {
+                    if let Some(ev) = shared_done.take() {
+                        gpu.stream.wait(&ev)?;
+                        cap.events.push(ev);
+                    }
+                    cap.mark(gpu, "MoE: routed down GEMV + combine (+ next RMSNorm)")?;
+                    let c = CombineInputs {
+                        wts: &m.w,
+                        shared: m.shared.as_ref().map(|s| &s.out),
+                        shared_logit: m.has_shared_gate.then(|| m.router.part(1)),
+                    };
+                    let args = NormTailArgs {
+                        x: &b.x,
+                        norm_w: nw,
+                        h: &b.h,
+                        q8: if *want_q { b.hq.as_ref() } else { None },
+                        eps: *eps,
+                    };
+                    return x
+                        .down
+                        .down_combine_q8(gpu, &m.slots, k, q, ff, &c, tail, &args, DEFAULT_NR);
+                }
                 cap.mark(gpu, "MoE: routed experts down GEMV")?;
                 match &m.actq {
                     Some(q) => {
@@ -1122,6 +1153,7 @@ impl Builder<'_> {
             shared,
             next_norm: None,
             norm_scratch: ops::NormScratch::new(gpu, ops::combine_blocks(d))?,
+            down_tail: None,
             fuse_swiglu: true,
         })))
     }
@@ -1325,7 +1357,21 @@ impl CudaDecoder {
         let mut ops = ops;
         for op in &mut ops {
             match op {
-                Op::Moe(m) => m.fuse_swiglu = !unfuse.gate_up_swiglu,
+                Op::Moe(m) => {
+                    m.fuse_swiglu = !unfuse.gate_up_swiglu;
+                    if !unfuse.down_combine && m.actq.is_some() && m.x.k <= DOWN_MAX_K {
+                        if let Some((w, eps, q)) = &m.next_norm {
+                            let args = NormTailArgs {
+                                x: &bufs.x,
+                                norm_w: w,
+                                h: &bufs.h,
+                                q8: if *q { bufs.hq.as_ref() } else { None },
+                                eps: *eps,
+                            };
+                            m.down_tail = Some(NormTail::new(&gpu, &args, d)?);
+                        }
+                    }
+                }
                 Op::Attn(a) => {
                     if let Some(p) = &mut a.post_norm {
                         p.prepare(&gpu, a.wo.rows, &bufs)?;

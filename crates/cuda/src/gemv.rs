@@ -115,6 +115,25 @@ pub fn gate_up_swiglu_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Resu
     Ok(q8_kernel_name(ty, v)?.replacen("gemv_", "gate_up_swiglu_", 1))
 }
 
+/// Name of the down + combine + norm kernel for `ty` (`down_combine_*`
+/// in kernels/gemv_q8act.cu).
+pub fn down_combine_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
+    Ok(q8_kernel_name(ty, v)?.replacen("gemv_", "down_combine_", 1))
+}
+
+/// Most experts per token [`ExpertStack::down_combine_q8`] takes
+/// (`DOWN_MAX_K` in kernels/gemv_q8act.cu).
+pub const DOWN_MAX_K: usize = 32;
+
+/// What [`ExpertStack::down_combine_q8`] adds besides the routed experts:
+/// the router weights of the `k` experts, and the shared expert's output
+/// and its gate logit (a buffer and the offset of the logit in it).
+pub struct CombineInputs<'a> {
+    pub wts: &'a CudaSlice<f32>,
+    pub shared: Option<&'a CudaSlice<f32>>,
+    pub shared_logit: Option<(&'a CudaSlice<f32>, usize)>,
+}
+
 /// Lane chunks per block of the int8-activation kernels (`T::CPB`).
 pub(crate) fn q8_chunks_per_block(ty: GgmlType) -> usize {
     match ty {
@@ -844,6 +863,103 @@ impl ExpertStack {
                 &[
                     &p[0], &p[1], &mat_bytes, &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &rows_i,
                     &nb_i,
+                ],
+            )
+        }
+    }
+}
+
+impl ExpertStack {
+    /// The down projection of the `k` routed experts (int8 activations,
+    /// expert i's at `i*x_stride`), the MoE combine into the residual
+    /// `t.x` and the next RMSNorm into `t.h` in one launch: the bits of
+    /// [`Self::gemv_q8`] followed by `ops::moe_combine` with its norm.
+    #[allow(clippy::too_many_arguments)]
+    pub fn down_combine_q8(
+        &self,
+        gpu: &Gpu,
+        slots: &CudaSlice<u32>,
+        k: usize,
+        x: &Q8Vec,
+        x_stride: usize,
+        c: &CombineInputs,
+        tail: &NormTail,
+        t: &NormTailArgs,
+        nr: impl Into<Q8Variant>,
+    ) -> Result<()> {
+        let d = self.rows;
+        ensure!(
+            (1..=slots.len()).contains(&k) && c.wts.len() >= k && k <= DOWN_MAX_K,
+            "down_combine: {k} experts (at most {DOWN_MAX_K})"
+        );
+        ensure!(
+            x_stride.is_multiple_of(32) && x.n >= (k - 1) * x_stride + self.cols,
+            "down_combine: short x"
+        );
+        ensure!(
+            c.shared.is_none_or(|s| s.len() >= d),
+            "down_combine: short shared output"
+        );
+        ensure!(
+            t.ptrs(gpu) == tail.ptrs && t.eps == tail.eps,
+            "down_combine: buffers other than the tail was made for"
+        );
+        ensure!(
+            t.x.len() >= d && t.norm_w.len() >= d && t.h.len() >= d,
+            "down_combine: short x, norm weights or h"
+        );
+        ensure!(
+            t.q8.is_none_or(|q| q.n >= d && d.is_multiple_of(32)),
+            "down_combine: int8 output needs rows % 32 == 0"
+        );
+        ensure!(
+            tail.scratch.partial.len() >= d && d <= i32::MAX as usize,
+            "down_combine: tail scratch for fewer rows"
+        );
+        let v: Q8Variant = nr.into();
+        let name = down_combine_kernel_name(self.layout.ty, v)?;
+        let nb = self.layout.blocks_per_row(self.cols)?;
+        let spr = q8_lanes_per_row(nb * q8_chunks_per_block(self.layout.ty));
+        // One warp's rows per block, the block's warps sharing the experts.
+        let rows_per_block = v.nr * (32 / spr);
+        let cfg = LaunchConfig {
+            grid_dim: ((d as u32).div_ceil(rows_per_block), 1, 1),
+            block_dim: (GEMV_WARPS * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (k_i, rows_i, nb_i, xs) = (k as i32, d as i32, nb as i32, x_stride as i64);
+        let mat_bytes = self.stride as u64;
+        let logit = match c.shared_logit {
+            Some(a) => crate::ops::at_ptr(gpu, a, 1)?,
+            None => 0,
+        };
+        let p = [
+            dptr(gpu, Some(&self.buf)),
+            dptr(gpu, Some(slots)),
+            dptr(gpu, Some(&x.q)),
+            dptr(gpu, Some(&x.d)),
+            dptr(gpu, Some(c.wts)),
+            dptr(gpu, c.shared),
+            logit,
+            dptr(gpu, Some(&tail.dev)),
+        ];
+        // SAFETY: the argument list matches down_combine_* in
+        // gemv_q8act.cu (u8*, u64, u32*, i32, i8*, f32*, i64, i32, i32,
+        // f32*, f32* or null, f32* or null, NormTail*). The stack holds
+        // n_slots matrices of `stride` bytes in the layout of a format
+        // with an int8 kernel (the name lookup fails otherwise);
+        // slots[..k] are slots of it (the slot table's contract); x holds
+        // the k activation vectors, wts k weights, the shared output d
+        // values and its logit buffer one at the offset (at_ptr); the tail's
+        // buffers are the ones it was made for and hold d values, its
+        // scratch one partial per row >= one per block (checked above).
+        unsafe {
+            gpu.launch(
+                &name,
+                cfg,
+                &[
+                    &p[0], &mat_bytes, &p[1], &k_i, &p[2], &p[3], &xs, &rows_i, &nb_i, &p[4],
+                    &p[5], &p[6], &p[7],
                 ],
             )
         }

@@ -216,6 +216,30 @@ pub const FILES: &[KernelFile] = &[
             "gate_up_swiglu_iq1_m_q8_r1",
             "gate_up_swiglu_iq1_m_q8_r2",
             "gate_up_swiglu_iq1_m_q8_r4",
+            "down_combine_iq2_xxs_q8_r1",
+            "down_combine_iq2_xxs_q8_r2",
+            "down_combine_iq2_xxs_q8_r4",
+            "down_combine_iq2_xxs_q8s_r1",
+            "down_combine_iq2_xxs_q8s_r2",
+            "down_combine_iq2_xxs_q8s_r4",
+            "down_combine_q8_0_q8_r1",
+            "down_combine_q8_0_q8_r2",
+            "down_combine_q8_0_q8_r4",
+            "down_combine_q4_k_q8_r1",
+            "down_combine_q4_k_q8_r2",
+            "down_combine_q4_k_q8_r4",
+            "down_combine_iq4_nl_q8_r1",
+            "down_combine_iq4_nl_q8_r2",
+            "down_combine_iq4_nl_q8_r4",
+            "down_combine_q6_k_q8_r1",
+            "down_combine_q6_k_q8_r2",
+            "down_combine_q6_k_q8_r4",
+            "down_combine_iq2_xs_q8_r1",
+            "down_combine_iq2_xs_q8_r2",
+            "down_combine_iq2_xs_q8_r4",
+            "down_combine_iq1_m_q8_r1",
+            "down_combine_iq1_m_q8_r2",
+            "down_combine_iq1_m_q8_r4",
         ],
     },
 ];
@@ -313,6 +337,7 @@ mod tests {
                 assert!(
                     src.contains(&format!("GEMV_KERNELS({prefix},"))
                         || src.contains(&format!("GATE_UP_SWIGLU_KERNELS({prefix},"))
+                        || src.contains(&format!("DOWN_COMBINE_KERNELS({prefix},"))
                         || src.contains(k)
                         || attn,
                     "{k}"

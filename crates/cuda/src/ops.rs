@@ -27,7 +27,7 @@ pub fn dptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
 pub type At<'a> = (&'a CudaSlice<f32>, usize);
 
 /// The raw address of `a` (checked to hold `n` floats).
-fn at_ptr(gpu: &Gpu, a: At, n: usize) -> Result<u64> {
+pub(crate) fn at_ptr(gpu: &Gpu, a: At, n: usize) -> Result<u64> {
     ensure!(
         a.0.len() >= a.1 + n,
         "buffer of {} floats holds no {n} at {}",

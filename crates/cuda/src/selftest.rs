@@ -4,8 +4,8 @@
 use crate::device::Gpu;
 use crate::error::Result;
 use crate::gemv::{
-    kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, NormTail, NormTailArgs, Q8Variant,
-    Q8Vec, Variant, Q8_TYPES,
+    kernel_name, q8_kernel_name, CombineInputs, DeviceMatrix, ExpertStack, NormTail, NormTailArgs,
+    Q8Variant, Q8Vec, Variant, Q8_TYPES,
 };
 use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{
@@ -221,6 +221,10 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
         "gate_up_swiglu_* (every format, nr) against gate|up + swiglu (abs: differing bits)".into(),
     );
     let mut fused_q = Worst::new("gate_up_swiglu_*: int8 output (abs: worst |q - q_cpu|)".into());
+    let mut down_comb = Worst::new(
+        "down_combine_* (every format, nr) against gemv_q8 + moe_combine_norm: x, h, int8 h (abs: differing values)"
+            .into(),
+    );
     for (ty, nr) in q8_variants() {
         let l = layout(ty)?;
         let mut worst = Worst::new(q8_kernel_name(ty, nr)?);
@@ -280,6 +284,108 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                     fold2(&mut worst, &y[i * rows..][..rows], &wq, &wf);
                 }
             }
+            // down + combine + next norm in one launch against the
+            // two-launch path (gemv_q8 of the experts, then moe_combine
+            // with the norm): x, h and the int8 h bit for bit.
+            if rows % 32 == 0 {
+                for shared in [false, true] {
+                    let d = rows;
+                    let x = random_vec(cols * n, rng);
+                    let (xq, _) = device_q8(gpu, &x, &mut qw)?;
+                    let res = random_vec(d, rng);
+                    let wts: Vec<f32> = (0..n).map(|i| 0.05 + 0.1 * i as f32).collect();
+                    let sh = random_vec(d, rng);
+                    let logit = [0.0f32, 0.7];
+                    let nw: Vec<f32> = random_vec(d, rng).iter().map(|v| 1.0 + 0.5 * v).collect();
+                    let (wd, shd, ld, nwd) = (
+                        gpu.stream.clone_htod(&wts)?,
+                        gpu.stream.clone_htod(&sh)?,
+                        gpu.stream.clone_htod(&logit)?,
+                        gpu.stream.clone_htod(&nw)?,
+                    );
+                    let mut outs = Vec::new();
+                    for fused_launch in [false, true] {
+                        let mut xr = gpu.stream.clone_htod(&res)?;
+                        let hd = gpu.stream.clone_htod(&vec![f32::NAN; d])?;
+                        let hq = Q8Vec::new(gpu, d)?;
+                        if fused_launch {
+                            let tail = NormTail::new(
+                                gpu,
+                                &NormTailArgs {
+                                    x: &xr,
+                                    norm_w: &nwd,
+                                    h: &hd,
+                                    q8: Some(&hq),
+                                    eps: 1e-6,
+                                },
+                                d,
+                            )?;
+                            let c = CombineInputs {
+                                wts: &wd,
+                                shared: shared.then_some(&shd),
+                                shared_logit: shared.then_some((&ld, 1)),
+                            };
+                            // Twice on one tail, x reset in between: the
+                            // second launch needs the block count reset.
+                            for _launch in 0..2 {
+                                gpu.stream.memcpy_htod(&res, &mut xr)?;
+                                let args = NormTailArgs {
+                                    x: &xr,
+                                    norm_w: &nwd,
+                                    h: &hd,
+                                    q8: Some(&hq),
+                                    eps: 1e-6,
+                                };
+                                gate.down_combine_q8(gpu, &sd, n, &xq, cols, &c, &tail, &args, nr)?;
+                            }
+                        } else {
+                            let mut yd: CudaSlice<f32> =
+                                gpu.stream.clone_htod(&vec![f32::NAN; d * n])?;
+                            gate.gemv_q8(gpu, &sd, n, &xq, cols, &mut yd, nr)?;
+                            let scratch =
+                                crate::ops::NormScratch::new(gpu, crate::ops::combine_blocks(d))?;
+                            crate::ops::moe_combine(
+                                gpu,
+                                &xr,
+                                &yd,
+                                &wd,
+                                n,
+                                d,
+                                shared.then_some(&shd),
+                                shared.then_some((&ld, 1)),
+                                Some(crate::ops::NextNorm {
+                                    w: &nwd,
+                                    eps: 1e-6,
+                                    h: &hd,
+                                    q8: Some(&hq),
+                                    scratch: &scratch,
+                                }),
+                            )?;
+                        }
+                        gpu.sync()?;
+                        outs.push((
+                            gpu.stream.clone_dtoh(&xr)?,
+                            gpu.stream.clone_dtoh(&hd)?,
+                            gpu.stream.clone_dtoh(&hq.q)?,
+                        ));
+                    }
+                    let bits = |a: &[f32], b: &[f32]| {
+                        a.iter()
+                            .zip(b)
+                            .filter(|(p, q)| p.to_bits() != q.to_bits())
+                            .count()
+                    };
+                    let diff = bits(&outs[0].0, &outs[1].0)
+                        + bits(&outs[0].1, &outs[1].1)
+                        + outs[0]
+                            .2
+                            .iter()
+                            .zip(&outs[1].2)
+                            .filter(|(p, q)| p != q)
+                            .count();
+                    fold(&mut down_comb, (diff as f64, 0.0, diff == 0));
+                }
+            }
             // gate + up in one launch, shared x.
             let x = random_vec(cols, rng);
             let (xq, xqf) = device_q8(gpu, &x, &mut qw)?;
@@ -321,6 +427,7 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
     out.push(qw);
     out.push(fused);
     out.push(fused_q);
+    out.push(down_comb);
     out.extend(norm_tail(gpu, rng)?);
     Ok(())
 }
