@@ -354,7 +354,7 @@ struct MoeOp {
     /// (made before the capture, for the decoder's buffers).
     down_tail: Option<NormTail>,
     /// Gate|up and SwiGLU of the routed experts in one launch where the
-    /// format allows (see [`Unfuse`]).
+    /// format allows (see [`Fusions`]).
     fuse_swiglu: bool,
 }
 
@@ -386,39 +386,52 @@ enum Op {
     },
 }
 
-/// The fusions of the decode graph that can be turned off, for A/B
-/// measurements: `REDLITE_CUDA_UNFUSE` is a comma-separated list of
-/// `shared_branch` (the shared expert inline on the main stream instead of
-/// a branch of its own), `post_norm` (the Norm after a mixer as a launch
-/// of its own), `gate_up_swiglu` (SwiGLU after the routed gate|up as a
-/// launch of its own), `down_combine` (the routed down projection and the
-/// combine + norm as two launches).
-#[derive(Clone, Copy, Debug, Default)]
-struct Unfuse {
+/// The fusions of the decode graph, on or off, for A/B measurements:
+/// `REDLITE_CUDA_FUSIONS` is the comma-separated list of those on (`none`
+/// for none); unset, only `shared_branch`. Measured on the H200 (iq2
+/// synth file, bench/RESULTS.md): the shared expert on a graph branch of
+/// its own pays (+5.5%); the three that finish a kernel's work in its last
+/// block or merge two GEMVs (`post_norm`: the Norm after a mixer run by
+/// the output projection; `down_combine`: the routed down projection, the
+/// combine and the next norm in one launch; `gate_up_swiglu`: SwiGLU in
+/// the routed gate|up launch) cost more than the launches they save
+/// (docs/what-did-not-work.md), so they are off unless asked for.
+#[derive(Clone, Copy, Debug)]
+struct Fusions {
     shared_branch: bool,
     post_norm: bool,
     gate_up_swiglu: bool,
     down_combine: bool,
 }
 
-impl Unfuse {
+impl Fusions {
+    const NAMES: &'static str = "shared_branch, post_norm, gate_up_swiglu, down_combine";
+
     fn from_env() -> Result<Self> {
-        let mut u = Self::default();
-        let Ok(v) = std::env::var("REDLITE_CUDA_UNFUSE") else {
-            return Ok(u);
+        let mut f = Self {
+            shared_branch: true,
+            post_norm: false,
+            gate_up_swiglu: false,
+            down_combine: false,
         };
+        let Ok(v) = std::env::var("REDLITE_CUDA_FUSIONS") else {
+            return Ok(f);
+        };
+        f.shared_branch = false;
         for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
-                "shared_branch" => u.shared_branch = true,
-                "post_norm" => u.post_norm = true,
-                "gate_up_swiglu" => u.gate_up_swiglu = true,
-                "down_combine" => u.down_combine = true,
+                "none" => {}
+                "shared_branch" => f.shared_branch = true,
+                "post_norm" => f.post_norm = true,
+                "gate_up_swiglu" => f.gate_up_swiglu = true,
+                "down_combine" => f.down_combine = true,
                 other => bail!(
-                    "REDLITE_CUDA_UNFUSE: unknown fusion {other:?} (shared_branch, post_norm, gate_up_swiglu, down_combine)"
+                    "REDLITE_CUDA_FUSIONS: unknown fusion {other:?} (one of: none, {})",
+                    Self::NAMES
                 ),
             }
         }
-        Ok(u)
+        Ok(f)
     }
 }
 
@@ -431,7 +444,7 @@ fn can_post_norm(w: &DeviceMatrix, oq: Option<&Q8Vec>) -> bool {
 /// Fold each Norm (without a residual add) or Head norm that follows a MoE
 /// op into that op's combine, and each Norm with the residual add that
 /// follows a mixer into the mixer's output projection (int8 mode).
-fn fuse_norms(ops: Vec<Op>, unfuse: Unfuse) -> Vec<Op> {
+fn fuse_norms(ops: Vec<Op>, fusions: Fusions) -> Vec<Op> {
     let mut out: Vec<Op> = Vec::with_capacity(ops.len());
     for op in ops {
         let op = match op {
@@ -439,7 +452,7 @@ fn fuse_norms(ops: Vec<Op>, unfuse: Unfuse) -> Vec<Op> {
                 w,
                 eps,
                 add_mix: true,
-            } if !unfuse.post_norm => {
+            } if fusions.post_norm => {
                 let slot = match out.last_mut() {
                     Some(Op::Attn(a)) if can_post_norm(&a.wo, a.oq.as_ref()) => {
                         Some(&mut a.post_norm)
@@ -1154,7 +1167,7 @@ impl Builder<'_> {
             next_norm: None,
             norm_scratch: ops::NormScratch::new(gpu, ops::combine_blocks(d))?,
             down_tail: None,
-            fuse_swiglu: true,
+            fuse_swiglu: false,
         })))
     }
 }
@@ -1305,7 +1318,7 @@ pub struct CudaDecoder {
     side: Gpu,
     /// The stream shared experts run on (another branch).
     shared_side: Gpu,
-    unfuse: Unfuse,
+    fusions: Fusions,
     cache: Option<ExpertCacheOptions>,
     /// Device bytes of the uploaded weights and state.
     pub device_bytes: usize,
@@ -1341,8 +1354,8 @@ impl CudaDecoder {
         model.arch().decode_stages(&mut b)?;
         let n_moe = b.n_moe;
         let staging: Vec<[HostExperts; 3]> = b.staging.into_iter().map(|(_, s)| s).collect();
-        let unfuse = Unfuse::from_env()?;
-        let (ops, embd, n_vocab) = (fuse_norms(b.ops, unfuse), b.embd, b.n_vocab);
+        let fusions = Fusions::from_env()?;
+        let (ops, embd, n_vocab) = (fuse_norms(b.ops, fusions), b.embd, b.n_vocab);
         let embd = embd.context("the stages never embedded the token")?;
         let d = embd.cols();
         let bufs = Bufs {
@@ -1358,8 +1371,8 @@ impl CudaDecoder {
         for op in &mut ops {
             match op {
                 Op::Moe(m) => {
-                    m.fuse_swiglu = !unfuse.gate_up_swiglu;
-                    if !unfuse.down_combine && m.actq.is_some() && m.x.k <= DOWN_MAX_K {
+                    m.fuse_swiglu = fusions.gate_up_swiglu;
+                    if fusions.down_combine && m.actq.is_some() && m.x.k <= DOWN_MAX_K {
                         if let Some((w, eps, q)) = &m.next_norm {
                             let args = NormTailArgs {
                                 x: &bufs.x,
@@ -1403,7 +1416,7 @@ impl CudaDecoder {
             tick: 0,
             side,
             shared_side,
-            unfuse,
+            fusions,
             cache: opts.expert_cache,
             device_bytes: free0.saturating_sub(free1),
         };
@@ -1418,7 +1431,7 @@ impl CudaDecoder {
         let flags = CUgraphInstantiate_flags(0);
         let mut cap = Capture {
             side: &self.side,
-            shared: (!self.unfuse.shared_branch).then_some(&self.shared_side),
+            shared: self.fusions.shared_branch.then_some(&self.shared_side),
             pending: None,
             events: Vec::new(),
             marks: None,
@@ -1530,7 +1543,7 @@ impl CudaDecoder {
         gpu.sync()?;
         let mut cap = Capture {
             side: &self.side,
-            shared: (!self.unfuse.shared_branch).then_some(&self.shared_side),
+            shared: self.fusions.shared_branch.then_some(&self.shared_side),
             pending: None,
             events: Vec::new(),
             marks: Some(Vec::new()),
