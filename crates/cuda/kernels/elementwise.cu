@@ -45,28 +45,62 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // moe_combine_norm: moe_combine, then the next block's RMSNorm of the new x
 // in the same launch (norm.cu's arithmetic): h = x * s * norm_w, and h as
-// int8 activations when q is given (d % 32 == 0). The combine runs on
-// every block (grid ceil(d / 256), block 256); the norm needs every x, so
-// the last block to finish does it (common.cuh tail_rms_norm; `counter`
-// zero before the first launch, `partial` one double per block).
-extern "C" __global__ void __launch_bounds__(256)
+// int8 activations when q is given (d % 32 == 0). One block of 1024
+// threads (the norm needs every x): grid 1. A thread keeps its first
+// CMB_MAXV values of x in registers between the two passes, and the
+// expert loop is unrolled so its loads are in flight together: the block
+// is one L2 round trip per pass, not one per value. (A version over
+// several blocks, the norm finished by the last one, measured slower on
+// the H200: docs/what-did-not-work.md.)
+#define CMB_MAXV 4
+extern "C" __global__ void __launch_bounds__(1024)
     moe_combine_norm(float* __restrict__ x, const float* __restrict__ ys,
                      const float* __restrict__ w, int k, int d, const float* __restrict__ sh,
                      const float* __restrict__ sh_logit, const float* __restrict__ norm_w,
                      float eps, float* __restrict__ h, signed char* __restrict__ q,
-                     float* __restrict__ qd, u32* __restrict__ counter,
-                     double* __restrict__ partial) {
+                     float* __restrict__ qd) {
     PDL_PROLOGUE();
+    __shared__ double scratch[32];
     const float s_sh = sh && sh_logit ? sigmoid_f(*sh_logit) : 1.0f;
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
     double ss = 0.0;
-    if (j < d) {
+    float xv[CMB_MAXV];
+#pragma unroll
+    for (int u = 0; u < CMB_MAXV; u++) {
+        const int j = threadIdx.x + u * blockDim.x;
+        if (j < d) {
+            float acc = 0.0f;
+#pragma unroll 8
+            for (int i = 0; i < k; i++)
+                acc = __fadd_rn(acc, __fmul_rn(w[i], ys[(long long)i * d + j]));
+            if (sh) acc = __fadd_rn(acc, __fmul_rn(sh[j], s_sh));
+            const float v = __fadd_rn(x[j], acc);
+            x[j] = v;
+            xv[u] = v;
+            ss += (double)v * (double)v;
+        }
+    }
+    for (int j = threadIdx.x + CMB_MAXV * blockDim.x; j < d; j += blockDim.x) {
         float acc = 0.0f;
         for (int i = 0; i < k; i++) acc = __fadd_rn(acc, __fmul_rn(w[i], ys[(long long)i * d + j]));
         if (sh) acc = __fadd_rn(acc, __fmul_rn(sh[j], s_sh));
         const float v = __fadd_rn(x[j], acc);
         x[j] = v;
-        ss = (double)v * (double)v;
+        ss += (double)v * (double)v;
     }
-    tail_rms_norm(ss, counter, partial, gridDim.x, blockIdx.x, x, norm_w, eps, d, h, q, qd);
+    ss = block_sum_f64(ss, scratch);
+    const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+#pragma unroll
+    for (int u = 0; u < CMB_MAXV; u++) {
+        const int j = threadIdx.x + u * blockDim.x;
+        if (j < d) {  // whole warps when q is given (d % 32 == 0)
+            const float v = __fmul_rn(__fmul_rn(xv[u], s), norm_w[j]);
+            h[j] = v;
+            if (q) warp_q8(v, j, q, qd);
+        }
+    }
+    for (int j = threadIdx.x + CMB_MAXV * blockDim.x; j < d; j += blockDim.x) {
+        const float v = __fmul_rn(__fmul_rn(x[j], s), norm_w[j]);
+        h[j] = v;
+        if (q) warp_q8(v, j, q, qd);
+    }
 }

@@ -23,13 +23,14 @@ use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
 use crate::expert_cache::{read_counters, CacheCounters, HostExperts, HostSet, LayerCache};
 use crate::gemv::{
-    expert_image, CombineInputs, DeviceMatrix, ExpertStack, NormTail, NormTailArgs, Q8Vec,
+    expert_image, CombineInputs, DeviceMatrix, ExpertStack, NormTail, NormTailArgs, Q8Vec, Variant,
     DEFAULT_NR, DOWN_MAX_K, Q8_TYPES,
 };
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 use rayon::prelude::*;
+use redlite_gguf::GgmlType;
 use redlite_gguf::GgufFile;
 use redlite_model::blocks::attention::{AttnParams, AttnWeights};
 use redlite_model::blocks::deltanet::{DeltaNetParams, DeltaNetWeights, InProj, L2_EPS};
@@ -112,8 +113,30 @@ fn mv(
         Some(q) if Q8_TYPES.contains(&m.layout.ty) && q.n >= m.cols => {
             m.gemv_q8(gpu, q, y, DEFAULT_NR)
         }
+        _ if m.layout.ty == GgmlType::F32 => m.gemv(gpu, x, y, f32_variant()?),
         _ => m.gemv(gpu, x, y, DEFAULT_NR),
     }
+}
+
+/// The kernel variant of the f32 GEMVs (the routers, 512 x 2048 in
+/// Qwen3-Next): `REDLITE_CUDA_F32_GEMV` = `r{1,2,4}` or `r{1,2,4}x2`, for
+/// A/B runs; default r2 (as every other format).
+fn f32_variant() -> Result<Variant> {
+    static V: std::sync::OnceLock<Option<Variant>> = std::sync::OnceLock::new();
+    let v = V.get_or_init(|| {
+        let Ok(s) = std::env::var("REDLITE_CUDA_F32_GEMV") else {
+            return Some(Variant::new(DEFAULT_NR, false));
+        };
+        let (nr, x2) = match s.strip_suffix("x2") {
+            Some(r) => (r, true),
+            None => (s.as_str(), false),
+        };
+        let nr: u32 = nr.strip_prefix('r')?.parse().ok()?;
+        matches!(nr, 1 | 2 | 4).then(|| Variant::new(nr, x2))
+    });
+    v.ok_or_else(|| {
+        CudaError::Invalid("REDLITE_CUDA_F32_GEMV: expected r1, r2, r4, r1x2, r2x2 or r4x2".into())
+    })
 }
 
 /// Room for `n` int8 activations when `on` (and `n` is whole blocks of 32).
@@ -348,8 +371,6 @@ struct MoeOp {
     /// The next stage's RMSNorm (weights, eps, whether h is also wanted as
     /// int8), fused into the combine: one launch instead of two.
     next_norm: Option<(CudaSlice<f32>, f32, bool)>,
-    /// The combine's last-block norm.
-    norm_scratch: ops::NormScratch,
     /// int8 mode: the down projection, combine and next norm in one launch
     /// (made before the capture, for the decoder's buffers).
     down_tail: Option<NormTail>,
@@ -843,7 +864,6 @@ impl Op {
                     eps: *eps,
                     h: &b.h,
                     q8: if *q { b.hq.as_ref() } else { None },
-                    scratch: &m.norm_scratch,
                 });
                 ops::moe_combine(
                     gpu,
@@ -1165,7 +1185,6 @@ impl Builder<'_> {
             x,
             shared,
             next_norm: None,
-            norm_scratch: ops::NormScratch::new(gpu, ops::combine_blocks(d))?,
             down_tail: None,
             fuse_swiglu: false,
         })))

@@ -30,6 +30,7 @@ const HEADERS: &[(&str, &str)] = &[
     ("gemv_common.cuh", kernel_dir!("gemv_common.cuh")),
     ("iq_tables.cuh", kernel_dir!("iq_tables.cuh")),
     ("iq4nl.cuh", kernel_dir!("iq4nl.cuh")),
+    ("q8act.cuh", kernel_dir!("q8act.cuh")),
 ];
 
 /// The f32-activation GEMV kernels of one family (`GEMV_KERNELS` in
@@ -192,6 +193,12 @@ pub const FILES: &[KernelFile] = &[
             "gemv_iq1_m_q8_r1",
             "gemv_iq1_m_q8_r2",
             "gemv_iq1_m_q8_r4",
+        ],
+    },
+    KernelFile {
+        name: "gemv_q8_gate_up.cu",
+        source: kernel_dir!("gemv_q8_gate_up.cu"),
+        kernels: &[
             "gate_up_swiglu_iq2_xxs_q8_r1",
             "gate_up_swiglu_iq2_xxs_q8_r2",
             "gate_up_swiglu_iq2_xxs_q8_r4",
@@ -216,6 +223,12 @@ pub const FILES: &[KernelFile] = &[
             "gate_up_swiglu_iq1_m_q8_r1",
             "gate_up_swiglu_iq1_m_q8_r2",
             "gate_up_swiglu_iq1_m_q8_r4",
+        ],
+    },
+    KernelFile {
+        name: "gemv_q8_down.cu",
+        source: kernel_dir!("gemv_q8_down.cu"),
+        kernels: &[
             "down_combine_iq2_xxs_q8_r1",
             "down_combine_iq2_xxs_q8_r2",
             "down_combine_iq2_xxs_q8_r4",

@@ -693,14 +693,12 @@ pub fn add_inplace(gpu: &Gpu, x: &CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) 
 }
 
 /// The next block's RMSNorm fused into [`moe_combine`]: weights, eps, the
-/// normed output and optionally its int8 form, and the scratch of the
-/// last-block norm.
+/// normed output and optionally its int8 form.
 pub struct NextNorm<'a> {
     pub w: &'a CudaSlice<f32>,
     pub eps: f32,
     pub h: &'a CudaSlice<f32>,
     pub q8: Option<&'a Q8Vec>,
-    pub scratch: &'a NormScratch,
 }
 
 /// What a norm finished by the last block of a kernel needs
@@ -720,11 +718,6 @@ impl NormScratch {
             partial: gpu.stream.alloc_zeros(blocks.max(1))?,
         })
     }
-}
-
-/// Blocks of the combine (256 threads each) for `d` values.
-pub fn combine_blocks(d: usize) -> usize {
-    d.div_ceil(256)
 }
 
 /// `x += Σ_i w[i]·ys[i] + sh·sigmoid(sh_logit)` (`k` routed outputs of
@@ -759,30 +752,17 @@ pub fn moe_combine(
     if let Some(n) = norm {
         ensure!(n.w.len() >= d && n.h.len() >= d);
         ensure!(n.q8.is_none_or(|q| q.n >= d && d.is_multiple_of(32)));
-        let blocks = combine_blocks(d);
-        ensure!(
-            n.scratch.partial.len() >= blocks,
-            "moe_combine: norm scratch for {} blocks, {blocks} needed",
-            n.scratch.partial.len()
-        );
         let (wp, hp) = (dptr(gpu, Some(n.w)), dptr(gpu, Some(n.h)));
         let (qp, qdp) = q8ptrs(gpu, n.q8);
-        let (cp, pp) = (
-            dptr(gpu, Some(&n.scratch.counter)),
-            dptr(gpu, Some(&n.scratch.partial)),
-        );
         // SAFETY: moe_combine_norm(x, ys, w, k, d, sh, sh_logit, norm_w,
-        // eps, h, q, qd, counter, partial); x, h, norm_w hold d floats, ys
-        // k*d, w k, q/qd d values with d % 32 == 0, partial one double per
-        // block (checked above); the counter is zero between launches (the
-        // last block resets it) and belongs to this call site.
+        // eps, h, q, qd); x, h, norm_w hold d floats, ys k*d, w k, q/qd d
+        // values with d % 32 == 0 (checked above); one block.
         return unsafe {
             gpu.launch(
                 "moe_combine_norm",
-                cfg((blocks as u32, 1), 256),
+                cfg((1, 1), 1024),
                 &[
                     &p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4], &wp, &n.eps, &hp, &qp, &qdp,
-                    &cp, &pp,
                 ],
             )
         };

@@ -342,8 +342,6 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                             let mut yd: CudaSlice<f32> =
                                 gpu.stream.clone_htod(&vec![f32::NAN; d * n])?;
                             gate.gemv_q8(gpu, &sd, n, &xq, cols, &mut yd, nr)?;
-                            let scratch =
-                                crate::ops::NormScratch::new(gpu, crate::ops::combine_blocks(d))?;
                             crate::ops::moe_combine(
                                 gpu,
                                 &xr,
@@ -358,7 +356,6 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                                     eps: 1e-6,
                                     h: &hd,
                                     q8: Some(&hq),
-                                    scratch: &scratch,
                                 }),
                             )?;
                         }
