@@ -120,12 +120,14 @@ fn mv(
 
 /// The kernel variant of the f32 GEMVs (the routers, 512 x 2048 in
 /// Qwen3-Next): `REDLITE_CUDA_F32_GEMV` = `r{1,2,4}` or `r{1,2,4}x2`, for
-/// A/B runs; default r2 (as every other format).
+/// A/B runs; default r1x2 (a warp per row, both of a lane's chunks loaded
+/// at once: twice the blocks of r2 for the routers' 513 rows; +3.3% decode
+/// on the H200, bench/RESULTS.md).
 fn f32_variant() -> Result<Variant> {
     static V: std::sync::OnceLock<Option<Variant>> = std::sync::OnceLock::new();
     let v = V.get_or_init(|| {
         let Ok(s) = std::env::var("REDLITE_CUDA_F32_GEMV") else {
-            return Some(Variant::new(DEFAULT_NR, false));
+            return Some(Variant::new(1, true));
         };
         let (nr, x2) = match s.strip_suffix("x2") {
             Some(r) => (r, true),
