@@ -736,7 +736,14 @@ impl Op {
                     a.oq.as_ref(),
                     a.scale,
                 )?;
-                cap.mark(gpu, "attention: output GEMV (+ residual, RMSNorm)")?;
+                cap.mark(
+                    gpu,
+                    if a.post_norm.is_some() {
+                        "attention: output GEMV (+ residual, RMSNorm)"
+                    } else {
+                        "attention: output GEMV"
+                    },
+                )?;
                 out_proj(gpu, &a.wo, &a.o, a.oq.as_ref(), a.post_norm.as_ref(), b)
             }
             Op::Gdn(g) => {
@@ -767,7 +774,14 @@ impl Op {
                     g.eps,
                     L2_EPS,
                 )?;
-                cap.mark(gpu, "DeltaNet: output GEMV (+ residual, RMSNorm)")?;
+                cap.mark(
+                    gpu,
+                    if g.post_norm.is_some() {
+                        "DeltaNet: output GEMV (+ residual, RMSNorm)"
+                    } else {
+                        "DeltaNet: output GEMV"
+                    },
+                )?;
                 out_proj(gpu, &g.w_out, &g.o, g.oq.as_ref(), g.post_norm.as_ref(), b)
             }
             Op::Moe(m) => {
