@@ -125,20 +125,25 @@ fn mv(
 /// on the H200, bench/RESULTS.md).
 fn f32_variant() -> Result<Variant> {
     static V: std::sync::OnceLock<Option<Variant>> = std::sync::OnceLock::new();
-    let v = V.get_or_init(|| {
-        let Ok(s) = std::env::var("REDLITE_CUDA_F32_GEMV") else {
-            return Some(Variant::new(1, true));
-        };
-        let (nr, x2) = match s.strip_suffix("x2") {
-            Some(r) => (r, true),
-            None => (s.as_str(), false),
-        };
-        let nr: u32 = nr.strip_prefix('r')?.parse().ok()?;
-        matches!(nr, 1 | 2 | 4).then(|| Variant::new(nr, x2))
-    });
+    let v =
+        V.get_or_init(|| parse_f32_variant(std::env::var("REDLITE_CUDA_F32_GEMV").ok().as_deref()));
     v.ok_or_else(|| {
         CudaError::Invalid("REDLITE_CUDA_F32_GEMV: expected r1, r2, r4, r1x2, r2x2 or r4x2".into())
     })
+}
+
+/// A value of `REDLITE_CUDA_F32_GEMV` (None: unset, the default r1x2);
+/// None back for a value that names no variant.
+fn parse_f32_variant(v: Option<&str>) -> Option<Variant> {
+    let Some(s) = v else {
+        return Some(Variant::new(1, true));
+    };
+    let (nr, x2) = match s.strip_suffix("x2") {
+        Some(r) => (r, true),
+        None => (s, false),
+    };
+    let nr: u32 = nr.strip_prefix('r')?.parse().ok()?;
+    matches!(nr, 1 | 2 | 4).then(|| Variant::new(nr, x2))
 }
 
 /// Room for `n` int8 activations when `on` (and `n` is whole blocks of 32).
@@ -431,13 +436,18 @@ impl Fusions {
     const NAMES: &'static str = "shared_branch, post_norm, gate_up_swiglu, down_combine";
 
     fn from_env() -> Result<Self> {
+        Self::parse(std::env::var("REDLITE_CUDA_FUSIONS").ok().as_deref())
+    }
+
+    /// The fusions a value of `REDLITE_CUDA_FUSIONS` turns on (None: unset).
+    fn parse(v: Option<&str>) -> Result<Self> {
         let mut f = Self {
             shared_branch: true,
             post_norm: false,
             gate_up_swiglu: false,
             down_combine: false,
         };
-        let Ok(v) = std::env::var("REDLITE_CUDA_FUSIONS") else {
+        let Some(v) = v else {
             return Ok(f);
         };
         f.shared_branch = false;
@@ -1786,5 +1796,34 @@ impl CudaDecoder {
         }
         self.pos += 1;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fusions_parse_the_listed_names_only() {
+        let f = Fusions::parse(None).unwrap();
+        assert!(f.shared_branch && !f.post_norm && !f.gate_up_swiglu && !f.down_combine);
+        let f = Fusions::parse(Some("none")).unwrap();
+        assert!(!f.shared_branch && !f.post_norm && !f.gate_up_swiglu && !f.down_combine);
+        let f = Fusions::parse(Some(" post_norm, down_combine ,")).unwrap();
+        assert!(!f.shared_branch && f.post_norm && !f.gate_up_swiglu && f.down_combine);
+        let f = Fusions::parse(Some("shared_branch,gate_up_swiglu")).unwrap();
+        assert!(f.shared_branch && f.gate_up_swiglu);
+        let e = Fusions::parse(Some("post_norm,sharedbranch")).unwrap_err();
+        assert!(format!("{e}").contains("\"sharedbranch\""), "{e}");
+    }
+
+    #[test]
+    fn f32_variant_names() {
+        assert_eq!(parse_f32_variant(None), Some(Variant::new(1, true)));
+        assert_eq!(parse_f32_variant(Some("r2")), Some(Variant::new(2, false)));
+        assert_eq!(parse_f32_variant(Some("r4x2")), Some(Variant::new(4, true)));
+        for bad in ["", "r3", "2", "r1x3", "rx2", "r8x2"] {
+            assert_eq!(parse_f32_variant(Some(bad)), None, "{bad}");
+        }
     }
 }
