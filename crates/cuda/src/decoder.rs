@@ -119,7 +119,8 @@ fn mv(
 }
 
 /// The kernel variant of the f32 GEMVs (the routers, 512 x 2048 in
-/// Qwen3-Next): `REDLITE_CUDA_F32_GEMV` = `r{1,2,4}` or `r{1,2,4}x2`, for
+/// Qwen3-Next, and any matrix of a format without a kernel, dequantized
+/// to F32 at upload): `REDLITE_CUDA_F32_GEMV` = `r{1,2,4}` or `r{1,2,4}x2`, for
 /// A/B runs; default r1x2 (a warp per row, both of a lane's chunks loaded
 /// at once: twice the blocks of r2 for the routers' 513 rows; +3.3% decode
 /// on the H200, bench/RESULTS.md).
