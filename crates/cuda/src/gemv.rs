@@ -110,19 +110,19 @@ pub fn q8_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
 }
 
 /// Name of the gate + up + SwiGLU kernel of the routed experts for `ty`
-/// (`gate_up_swiglu_*` in kernels/gemv_q8act.cu).
+/// (`gate_up_swiglu_*` in kernels/gemv_q8_gate_up.cu).
 pub fn gate_up_swiglu_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
     Ok(q8_kernel_name(ty, v)?.replacen("gemv_", "gate_up_swiglu_", 1))
 }
 
 /// Name of the down + combine + norm kernel for `ty` (`down_combine_*`
-/// in kernels/gemv_q8act.cu).
+/// in kernels/gemv_q8_down.cu).
 pub fn down_combine_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
     Ok(q8_kernel_name(ty, v)?.replacen("gemv_", "down_combine_", 1))
 }
 
 /// Most experts per token [`ExpertStack::down_combine_q8`] takes
-/// (`DOWN_MAX_K` in kernels/gemv_q8act.cu).
+/// (`DOWN_MAX_K` in kernels/gemv_q8_down.cu).
 pub const DOWN_MAX_K: usize = 32;
 
 /// What [`ExpertStack::down_combine_q8`] adds besides the routed experts:
@@ -143,7 +143,7 @@ pub(crate) fn q8_chunks_per_block(ty: GgmlType) -> usize {
     }
 }
 
-/// Lanes serving one row in `gemv_q8act.cu` (`q8_lanes_per_row` there):
+/// Lanes serving one row in `q8act.cuh` (`q8_lanes_per_row` there):
 /// the largest power of two <= the row's lane chunks, in 4..=32.
 pub fn q8_lanes_per_row(nch: usize) -> u32 {
     match nch {
@@ -221,7 +221,7 @@ impl NormTailArgs<'_> {
     }
 }
 
-/// `NormTail` of kernels/gemv_q8act.cu on the device (the addresses of
+/// `NormTail` of kernels/q8act.cuh on the device (the addresses of
 /// one call site's buffers and eps) and the last block's scratch. A launch
 /// passes the buffers again and they are checked against the addresses
 /// recorded here, so the kernel never sees a stale pointer.
@@ -849,7 +849,7 @@ impl ExpertStack {
             dptr(gpu, Some(&q.d)),
         ];
         // SAFETY: the argument list matches gate_up_swiglu_* in
-        // gemv_q8act.cu (u8*, u8*, u64, u32*, i8*, f32*, f32*, i8*, f32*,
+        // gemv_q8_gate_up.cu (u8*, u8*, u64, u32*, i8*, f32*, f32*, i8*, f32*,
         // i32, i32). Both stacks hold n_slots matrices of `stride` bytes
         // in one device layout of a format with an int8 kernel (checked
         // by can_gate_up_swiglu), slots[..n] are slots of them (the slot
@@ -944,7 +944,7 @@ impl ExpertStack {
             dptr(gpu, Some(&tail.dev)),
         ];
         // SAFETY: the argument list matches down_combine_* in
-        // gemv_q8act.cu (u8*, u64, u32*, i32, i8*, f32*, i64, i32, i32,
+        // gemv_q8_down.cu (u8*, u64, u32*, i32, i8*, f32*, i64, i32, i32,
         // f32*, f32* or null, f32* or null, NormTail*). The stack holds
         // n_slots matrices of `stride` bytes in the layout of a format
         // with an int8 kernel (the name lookup fails otherwise);
