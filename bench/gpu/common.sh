@@ -16,3 +16,10 @@ fi
 R="${REDLITE:-$ROOT/.bench-bin/redlite}"
 [[ -x $R ]] || R="$ROOT/target/release/redlite"
 [[ -x $R ]] || { echo "no redlite binary (carry .bench-bin)"; exit 2; }
+# synth_file LAYOUT -> path of the synth file (seed 0) in $WORK, written
+# the first time it is asked for.
+synth_file() {
+  local m="$WORK/synth-$1-s0.gguf"
+  [[ -f $m ]] || timeout 300 "$R" synth --layout "$1" --seed 0 --out "$m" --threads "$(nproc)" --quiet >&2
+  echo "$m"
+}

@@ -13,9 +13,9 @@
 #   tiny      decode tok/s of the tiny fixture (the per-kernel launch floor)
 #   bench     decode tok/s on a full-size synth file (LAYOUT, default iq2)
 #             at DEPTHS (default 0,4096,32768), ACTS int8 and/or f32
-#   fusions   (not in the default list) decode tok/s at depth 0 for each
-#             REDLITE_CUDA_FUSIONS set in FUSION_SETS and each router GEMV
-#             variant in F32_GEMVS (docs/cuda.md), ROUNDS rounds alternating
+#   variants  (not in the default list) decode tok/s at depth 0 for each
+#             router GEMV variant in F32_GEMVS (REDLITE_CUDA_F32_GEMV,
+#             docs/cuda.md), ROUNDS rounds alternating
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 F=tests/fixtures/qwen3next
@@ -33,21 +33,15 @@ for s in ${STEPS:-selftest parity kernels tiny bench}; do
     tiny) echo "== decode, tiny fixture"
       timeout 100 "$R" bench model -m $F/tiny-qwen3next-f32.gguf --device cuda -p 0 -n 256 -r 3 ;;
     bench)
-      M="$WORK/synth-$LAYOUT-s0.gguf"
-      [[ -f $M ]] || timeout 200 "$R" synth --layout "$LAYOUT" --seed 0 --out "$M" --threads "$(nproc)" --quiet
+      M=$(synth_file "$LAYOUT")
       for a in ${ACTS:-int8}; do
         f=""; [[ $a == f32 ]] && f=--f32-activations
         echo "== decode, synth $LAYOUT, $a activations"
         timeout 400 "$R" bench model -m "$M" --device cuda $f -p 0 -n 64 -d "${DEPTHS:-0,4096,32768}" -r 3
       done ;;
-    fusions)
-      M="$WORK/synth-$LAYOUT-s0.gguf"
-      [[ -f $M ]] || timeout 200 "$R" synth --layout "$LAYOUT" --seed 0 --out "$M" --threads "$(nproc)" --quiet
+    variants)
+      M=$(synth_file "$LAYOUT")
       for round in $(seq "${ROUNDS:-2}"); do
-        for f in ${FUSION_SETS:-shared_branch none shared_branch,post_norm shared_branch,gate_up_swiglu shared_branch,down_combine}; do
-          echo "== round $round: REDLITE_CUDA_FUSIONS=$f"
-          REDLITE_CUDA_FUSIONS=$f timeout 150 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d 0 -r 3 2>/dev/null | grep "^| qwen"
-        done
         for v in ${F32_GEMVS:-r1x2 r2 r1}; do
           echo "== round $round: REDLITE_CUDA_F32_GEMV=$v"
           REDLITE_CUDA_F32_GEMV=$v timeout 150 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d 0 -r 3 2>/dev/null | grep "^| qwen"

@@ -28,11 +28,6 @@ LB="$WORK/llama-build/bin"
 NPROC=$(nproc)
 exec > >(tee -a "$OUT/side.log") 2>&1
 
-synth() { # layout -> path (written once)
-  local m="$WORK/synth-$1-s0.gguf"
-  [[ -f $m ]] || timeout 300 "$R" synth --layout "$1" --seed 0 --out "$m" --threads "$NPROC" --quiet >&2
-  echo "$m"
-}
 wait_build() {
   while [[ ! -x $LB/llama-bench ]]; do
     if [[ -f $WORK/build.done ]]; then echo "llama.cpp build failed:"; tail -20 "$WORK/build.log"; return 1; fi
@@ -76,7 +71,7 @@ for s in ${STEPS:-build selftest budgets depths}; do
       fi ;;
     selftest) echo "== selftest (rows that are not ok)"; timeout 300 "$R" selftest | grep -v "| ok |" ;;
     budgets)
-      M=$(synth iq2)
+      M=$(synth_file iq2)
       wait_build || exit 1
       for round in $(seq "${ROUNDS:-1}"); do
         for b in ${BUDGETS:-full 16G 8G 4G}; do
@@ -94,7 +89,7 @@ for s in ${STEPS:-build selftest budgets depths}; do
     depths)
       wait_build || exit 1
       for layout in ${LAYOUTS:-cf2 q4km}; do
-        M=$(synth "$layout")
+        M=$(synth_file "$layout")
         for round in $(seq "${ROUNDS:-1}"); do
           echo "== $layout round $round: Red Lite (CUDA, every weight on the device)"
           redlite_tg "$M" "${DEPTHS:-0,8192,32768}" "${REPS:-3}"

@@ -22,10 +22,7 @@
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
 use crate::expert_cache::{read_counters, CacheCounters, HostExperts, HostSet, LayerCache};
-use crate::gemv::{
-    expert_image, CombineInputs, DeviceMatrix, ExpertStack, NormTail, NormTailArgs, Q8Vec, Variant,
-    DEFAULT_NR, DOWN_MAX_K, Q8_TYPES,
-};
+use crate::gemv::{expert_image, DeviceMatrix, ExpertStack, Q8Vec, Variant, DEFAULT_NR, Q8_TYPES};
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
@@ -65,8 +62,8 @@ struct Capture<'a> {
     side: &'a Gpu,
     /// The stream a MoE layer's shared expert runs on: a branch of the
     /// graph beside the router, top-k and routed experts (it needs only
-    /// h), joined before the combine; None: inline on the main stream.
-    shared: Option<&'a Gpu>,
+    /// h), joined before the combine.
+    shared: &'a Gpu,
     pending: Option<CudaEvent>,
     events: Vec<CudaEvent>,
     /// Profiling: a timing event recorded before each kernel class, with
@@ -226,60 +223,6 @@ struct AttnOp {
     oq: Option<Q8Vec>,
     kv: KvCache,
     scratch: AttnScratch,
-    post_norm: Option<PostNorm>,
-}
-
-/// The residual add and RMSNorm after a mixer, run by the last block of
-/// its output projection (int8 mode): the norm's weights and eps, and the
-/// tail made for the decoder's buffers before the graph is captured.
-struct PostNorm {
-    w: CudaSlice<f32>,
-    eps: f32,
-    tail: Option<NormTail>,
-}
-
-impl PostNorm {
-    fn args<'a>(
-        &'a self,
-        x: &'a CudaSlice<f32>,
-        h: &'a CudaSlice<f32>,
-        hq: Option<&'a Q8Vec>,
-    ) -> NormTailArgs<'a> {
-        NormTailArgs {
-            x,
-            norm_w: &self.w,
-            h,
-            q8: hq,
-            eps: self.eps,
-        }
-    }
-
-    /// Make the tail for the decoder's buffers (before the capture).
-    fn prepare(&mut self, gpu: &Gpu, rows: usize, b: &Bufs) -> Result<()> {
-        let t = NormTail::new(gpu, &self.args(&b.x, &b.h, b.hq.as_ref()), rows)?;
-        self.tail = Some(t);
-        Ok(())
-    }
-}
-
-/// A mixer's output projection into `b.mix`; with a post norm, also `x +=
-/// mix` and `h = RMSNorm(x)` (the Norm stage it replaced).
-fn out_proj(
-    gpu: &Gpu,
-    w: &DeviceMatrix,
-    o: &CudaSlice<f32>,
-    oq: Option<&Q8Vec>,
-    post: Option<&PostNorm>,
-    b: &mut Bufs,
-) -> Result<()> {
-    let Some(p) = post else {
-        return mv(gpu, w, o, oq, &mut b.mix);
-    };
-    let tail = p.tail.as_ref().context("post norm without its tail")?;
-    let oq = oq.context("post norm without int8 activations")?;
-    let Bufs { x, h, hq, mix, .. } = b;
-    let args = p.args(x, h, hq.as_ref());
-    w.gemv_q8_norm(gpu, oq, mix, DEFAULT_NR, tail, &args)
 }
 
 struct GdnOp {
@@ -296,7 +239,6 @@ struct GdnOp {
     oq: Option<Q8Vec>,
     ring: CudaSlice<f32>,
     state: CudaSlice<f32>,
-    post_norm: Option<PostNorm>,
 }
 
 struct FfnOp {
@@ -379,12 +321,6 @@ struct MoeOp {
     /// The next stage's RMSNorm (weights, eps, whether h is also wanted as
     /// int8), fused into the combine: one launch instead of two.
     next_norm: Option<(CudaSlice<f32>, f32, bool)>,
-    /// int8 mode: the down projection, combine and next norm in one launch
-    /// (made before the capture, for the decoder's buffers).
-    down_tail: Option<NormTail>,
-    /// Gate|up and SwiGLU of the routed experts in one launch where the
-    /// format allows (see [`Fusions`]).
-    fuse_swiglu: bool,
 }
 
 /// Which part of an op to record: all of it, or (MoE) the half before
@@ -415,101 +351,11 @@ enum Op {
     },
 }
 
-/// The fusions of the decode graph, on or off, for A/B measurements:
-/// `REDLITE_CUDA_FUSIONS` is the comma-separated list of those on (`none`
-/// for none); unset, only `shared_branch`. Measured on the H200 (iq2
-/// synth file, bench/RESULTS.md): the shared expert on a graph branch of
-/// its own pays (+5.5%); the three that finish a kernel's work in its last
-/// block or merge two GEMVs (`post_norm`: the Norm after a mixer run by
-/// the output projection; `down_combine`: the routed down projection, the
-/// combine and the next norm in one launch; `gate_up_swiglu`: SwiGLU in
-/// the routed gate|up launch) cost more than the launches they save
-/// (docs/what-did-not-work.md), so they are off unless asked for.
-#[derive(Clone, Copy, Debug)]
-struct Fusions {
-    shared_branch: bool,
-    post_norm: bool,
-    gate_up_swiglu: bool,
-    down_combine: bool,
-}
-
-impl Fusions {
-    const NAMES: &'static str = "shared_branch, post_norm, gate_up_swiglu, down_combine";
-
-    fn from_env() -> Result<Self> {
-        Self::parse(std::env::var("REDLITE_CUDA_FUSIONS").ok().as_deref())
-    }
-
-    /// The fusions a value of `REDLITE_CUDA_FUSIONS` turns on (None: unset).
-    fn parse(v: Option<&str>) -> Result<Self> {
-        let mut f = Self {
-            shared_branch: true,
-            post_norm: false,
-            gate_up_swiglu: false,
-            down_combine: false,
-        };
-        let Some(v) = v else {
-            return Ok(f);
-        };
-        f.shared_branch = false;
-        for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            match part {
-                "none" => {}
-                "shared_branch" => f.shared_branch = true,
-                "post_norm" => f.post_norm = true,
-                "gate_up_swiglu" => f.gate_up_swiglu = true,
-                "down_combine" => f.down_combine = true,
-                other => bail!(
-                    "REDLITE_CUDA_FUSIONS: unknown fusion {other:?} (one of: none, {})",
-                    Self::NAMES
-                ),
-            }
-        }
-        Ok(f)
-    }
-}
-
-/// Whether a mixer's output projection can finish the Norm after it: int8
-/// mode (its input has an int8 form) and a format with an int8 kernel.
-fn can_post_norm(w: &DeviceMatrix, oq: Option<&Q8Vec>) -> bool {
-    oq.is_some() && Q8_TYPES.contains(&w.layout.ty) && w.rows.is_multiple_of(32)
-}
-
 /// Fold each Norm (without a residual add) or Head norm that follows a MoE
-/// op into that op's combine, and each Norm with the residual add that
-/// follows a mixer into the mixer's output projection (int8 mode).
-fn fuse_norms(ops: Vec<Op>, fusions: Fusions) -> Vec<Op> {
+/// op into that op's combine.
+fn fuse_norms(ops: Vec<Op>) -> Vec<Op> {
     let mut out: Vec<Op> = Vec::with_capacity(ops.len());
     for op in ops {
-        let op = match op {
-            Op::Norm {
-                w,
-                eps,
-                add_mix: true,
-            } if fusions.post_norm => {
-                let slot = match out.last_mut() {
-                    Some(Op::Attn(a)) if can_post_norm(&a.wo, a.oq.as_ref()) => {
-                        Some(&mut a.post_norm)
-                    }
-                    Some(Op::Gdn(g)) if can_post_norm(&g.w_out, g.oq.as_ref()) => {
-                        Some(&mut g.post_norm)
-                    }
-                    _ => None,
-                };
-                match slot {
-                    Some(slot @ None) => {
-                        *slot = Some(PostNorm { w, eps, tail: None });
-                        continue;
-                    }
-                    _ => Op::Norm {
-                        w,
-                        eps,
-                        add_mix: true,
-                    },
-                }
-            }
-            op => op,
-        };
         let prev = match out.last_mut() {
             Some(Op::Moe(m)) if m.next_norm.is_none() => Some(m),
             _ => None,
@@ -594,11 +440,7 @@ impl MoeOp {
         let Some(s) = &mut self.shared else {
             return Ok(None);
         };
-        let Some(side) = cap.shared else {
-            cap.mark(gpu, "MoE: shared expert (gate|up, SwiGLU, down)")?;
-            s.run(gpu, &b.h, b.hq.as_ref())?;
-            return Ok(None);
-        };
+        let side = cap.shared;
         let ev = gpu.stream.record_event(None)?;
         side.stream.wait(&ev)?;
         cap.events.push(ev);
@@ -747,15 +589,8 @@ impl Op {
                     a.oq.as_ref(),
                     a.scale,
                 )?;
-                cap.mark(
-                    gpu,
-                    if a.post_norm.is_some() {
-                        "attention: output GEMV (+ residual, RMSNorm)"
-                    } else {
-                        "attention: output GEMV"
-                    },
-                )?;
-                out_proj(gpu, &a.wo, &a.o, a.oq.as_ref(), a.post_norm.as_ref(), b)
+                cap.mark(gpu, "attention: output GEMV")?;
+                mv(gpu, &a.wo, &a.o, a.oq.as_ref(), &mut b.mix)
             }
             Op::Gdn(g) => {
                 cap.mark(gpu, "DeltaNet: qkv|z|ba GEMV")?;
@@ -785,15 +620,8 @@ impl Op {
                     g.eps,
                     L2_EPS,
                 )?;
-                cap.mark(
-                    gpu,
-                    if g.post_norm.is_some() {
-                        "DeltaNet: output GEMV (+ residual, RMSNorm)"
-                    } else {
-                        "DeltaNet: output GEMV"
-                    },
-                )?;
-                out_proj(gpu, &g.w_out, &g.o, g.oq.as_ref(), g.post_norm.as_ref(), b)
+                cap.mark(gpu, "DeltaNet: output GEMV")?;
+                mv(gpu, &g.w_out, &g.o, g.oq.as_ref(), &mut b.mix)
             }
             Op::Moe(m) => {
                 let hq = b.hq.as_ref();
@@ -823,16 +651,6 @@ impl Op {
                 let ff = x.gate.rows;
                 let kf = k * ff;
                 match (&mut m.ygu, hq) {
-                    (Some(_), Some(hq))
-                        if m.fuse_swiglu
-                            && m.actq.is_some()
-                            && ExpertStack::can_gate_up_swiglu(&x.gate, &x.up) =>
-                    {
-                        let q = m.actq.as_ref().context("int8 down input")?;
-                        ExpertStack::gate_up_swiglu_q8(
-                            &x.gate, &x.up, gpu, &m.slots, k, hq, &m.yg, q, DEFAULT_NR,
-                        )?;
-                    }
                     (Some(ygu), Some(hq)) => {
                         ExpertStack::gemv_gate_up_q8(
                             &x.gate, &x.up, gpu, &m.slots, k, hq, ygu, DEFAULT_NR,
@@ -845,30 +663,6 @@ impl Op {
                         x.up.gemv(gpu, &m.slots, k, &b.h, 0, &mut m.yu, DEFAULT_NR)?;
                         ops::swiglu(gpu, (&m.yg, 0), (&m.yu, 0), &m.yg, m.actq.as_ref(), kf)?;
                     }
-                }
-                if let (Some(tail), Some(q), Some((nw, eps, want_q))) =
-                    (&m.down_tail, &m.actq, &m.next_norm)
-                {
-                    if let Some(ev) = shared_done.take() {
-                        gpu.stream.wait(&ev)?;
-                        cap.events.push(ev);
-                    }
-                    cap.mark(gpu, "MoE: routed down GEMV + combine (+ next RMSNorm)")?;
-                    let c = CombineInputs {
-                        wts: &m.w,
-                        shared: m.shared.as_ref().map(|s| &s.out),
-                        shared_logit: m.has_shared_gate.then(|| m.router.part(1)),
-                    };
-                    let args = NormTailArgs {
-                        x: &b.x,
-                        norm_w: nw,
-                        h: &b.h,
-                        q8: if *want_q { b.hq.as_ref() } else { None },
-                        eps: *eps,
-                    };
-                    return x
-                        .down
-                        .down_combine_q8(gpu, &m.slots, k, q, ff, &c, tail, &args, DEFAULT_NR);
                 }
                 cap.mark(gpu, "MoE: routed experts down GEMV")?;
                 match &m.actq {
@@ -1005,7 +799,6 @@ impl Builder<'_> {
             kv: KvCache::new(gpu, self.kv, self.ctx * nkv * hd)?,
             scratch: AttnScratch::new(gpu, &dims, nsplit)?,
             dims,
-            post_norm: None,
         })))
     }
 
@@ -1037,7 +830,6 @@ impl Builder<'_> {
             ring: gpu.stream.alloc_zeros(dims.conv_kernel * dims.conv_dim())?,
             state: gpu.stream.alloc_zeros(dims.state_len())?,
             dims,
-            post_norm: None,
         })))
     }
 
@@ -1212,8 +1004,6 @@ impl Builder<'_> {
             x,
             shared,
             next_norm: None,
-            down_tail: None,
-            fuse_swiglu: false,
         })))
     }
 }
@@ -1364,7 +1154,6 @@ pub struct CudaDecoder {
     side: Gpu,
     /// The stream shared experts run on (another branch).
     shared_side: Gpu,
-    fusions: Fusions,
     cache: Option<ExpertCacheOptions>,
     /// Device bytes of the uploaded weights and state.
     pub device_bytes: usize,
@@ -1400,8 +1189,7 @@ impl CudaDecoder {
         model.arch().decode_stages(&mut b)?;
         let n_moe = b.n_moe;
         let staging: Vec<[HostExperts; 3]> = b.staging.into_iter().map(|(_, s)| s).collect();
-        let fusions = Fusions::from_env()?;
-        let (ops, embd, n_vocab) = (fuse_norms(b.ops, fusions), b.embd, b.n_vocab);
+        let (ops, embd, n_vocab) = (fuse_norms(b.ops), b.embd, b.n_vocab);
         let embd = embd.context("the stages never embedded the token")?;
         let d = embd.cols();
         let bufs = Bufs {
@@ -1413,37 +1201,6 @@ impl CudaDecoder {
             hq: q8vec(&gpu, opts.int8, d)?,
             counters: gpu.stream.alloc_zeros(4 * n_moe.max(1))?,
         };
-        let mut ops = ops;
-        for op in &mut ops {
-            match op {
-                Op::Moe(m) => {
-                    m.fuse_swiglu = fusions.gate_up_swiglu;
-                    if fusions.down_combine && m.actq.is_some() && m.x.k <= DOWN_MAX_K {
-                        if let Some((w, eps, q)) = &m.next_norm {
-                            let args = NormTailArgs {
-                                x: &bufs.x,
-                                norm_w: w,
-                                h: &bufs.h,
-                                q8: if *q { bufs.hq.as_ref() } else { None },
-                                eps: *eps,
-                            };
-                            m.down_tail = Some(NormTail::new(&gpu, &args, d)?);
-                        }
-                    }
-                }
-                Op::Attn(a) => {
-                    if let Some(p) = &mut a.post_norm {
-                        p.prepare(&gpu, a.wo.rows, &bufs)?;
-                    }
-                }
-                Op::Gdn(g) => {
-                    if let Some(p) = &mut g.post_norm {
-                        p.prepare(&gpu, g.w_out.rows, &bufs)?;
-                    }
-                }
-                _ => {}
-            }
-        }
         gpu.sync()?;
         let side = gpu.side()?;
         let shared_side = gpu.side()?;
@@ -1462,7 +1219,6 @@ impl CudaDecoder {
             tick: 0,
             side,
             shared_side,
-            fusions,
             cache: opts.expert_cache,
             device_bytes: free0.saturating_sub(free1),
         };
@@ -1477,7 +1233,7 @@ impl CudaDecoder {
         let flags = CUgraphInstantiate_flags(0);
         let mut cap = Capture {
             side: &self.side,
-            shared: self.fusions.shared_branch.then_some(&self.shared_side),
+            shared: &self.shared_side,
             pending: None,
             events: Vec::new(),
             marks: None,
@@ -1589,7 +1345,7 @@ impl CudaDecoder {
         gpu.sync()?;
         let mut cap = Capture {
             side: &self.side,
-            shared: self.fusions.shared_branch.then_some(&self.shared_side),
+            shared: &self.shared_side,
             pending: None,
             events: Vec::new(),
             marks: Some(Vec::new()),
@@ -1803,20 +1559,6 @@ impl CudaDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fusions_parse_the_listed_names_only() {
-        let f = Fusions::parse(None).unwrap();
-        assert!(f.shared_branch && !f.post_norm && !f.gate_up_swiglu && !f.down_combine);
-        let f = Fusions::parse(Some("none")).unwrap();
-        assert!(!f.shared_branch && !f.post_norm && !f.gate_up_swiglu && !f.down_combine);
-        let f = Fusions::parse(Some(" post_norm, down_combine ,")).unwrap();
-        assert!(!f.shared_branch && f.post_norm && !f.gate_up_swiglu && f.down_combine);
-        let f = Fusions::parse(Some("shared_branch,gate_up_swiglu")).unwrap();
-        assert!(f.shared_branch && f.gate_up_swiglu);
-        let e = Fusions::parse(Some("post_norm,sharedbranch")).unwrap_err();
-        assert!(format!("{e}").contains("\"sharedbranch\""), "{e}");
-    }
 
     #[test]
     fn f32_variant_names() {

@@ -3,7 +3,7 @@
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Result};
 use crate::layout::{layout, to_device_bytes, upload_layout, DeviceLayout};
-use crate::ops::{dptr, NormScratch};
+use crate::ops::dptr;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use redlite_gguf::GgmlType;
 
@@ -109,31 +109,6 @@ pub fn q8_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
     }
 }
 
-/// Name of the gate + up + SwiGLU kernel of the routed experts for `ty`
-/// (`gate_up_swiglu_*` in kernels/gemv_q8_gate_up.cu).
-pub fn gate_up_swiglu_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
-    Ok(q8_kernel_name(ty, v)?.replacen("gemv_", "gate_up_swiglu_", 1))
-}
-
-/// Name of the down + combine + norm kernel for `ty` (`down_combine_*`
-/// in kernels/gemv_q8_down.cu).
-pub fn down_combine_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
-    Ok(q8_kernel_name(ty, v)?.replacen("gemv_", "down_combine_", 1))
-}
-
-/// Most experts per token [`ExpertStack::down_combine_q8`] takes
-/// (`DOWN_MAX_K` in kernels/gemv_q8_down.cu).
-pub const DOWN_MAX_K: usize = 32;
-
-/// What [`ExpertStack::down_combine_q8`] adds besides the routed experts:
-/// the router weights of the `k` experts, and the shared expert's output
-/// and its gate logit (a buffer and the offset of the logit in it).
-pub struct CombineInputs<'a> {
-    pub wts: &'a CudaSlice<f32>,
-    pub shared: Option<&'a CudaSlice<f32>>,
-    pub shared_logit: Option<(&'a CudaSlice<f32>, usize)>,
-}
-
 /// Lane chunks per block of the int8-activation kernels (`T::CPB`).
 pub(crate) fn q8_chunks_per_block(ty: GgmlType) -> usize {
     match ty {
@@ -143,7 +118,7 @@ pub(crate) fn q8_chunks_per_block(ty: GgmlType) -> usize {
     }
 }
 
-/// Lanes serving one row in `q8act.cuh` (`q8_lanes_per_row` there):
+/// Lanes serving one row in `gemv_q8act.cu` (`q8_lanes_per_row` there):
 /// the largest power of two <= the row's lane chunks, in 4..=32.
 pub fn q8_lanes_per_row(nch: usize) -> u32 {
     match nch {
@@ -195,67 +170,6 @@ impl Q8Vec {
         // which the buffers hold (n % 32 == 0 checked in `new`); one stream.
         unsafe { gpu.launch("quantize_q8_32", cfg, &[&xp, &qp, &dp, &n]) }?;
         Ok(())
-    }
-}
-
-/// The buffers of the residual add + RMSNorm a GEMV can finish with
-/// ([`DeviceMatrix::gemv_q8_norm`]): `x += y`, then `h = RMSNorm(x) *
-/// norm_w` (and `h` as int8 activations).
-pub struct NormTailArgs<'a> {
-    pub x: &'a CudaSlice<f32>,
-    pub norm_w: &'a CudaSlice<f32>,
-    pub h: &'a CudaSlice<f32>,
-    pub q8: Option<&'a Q8Vec>,
-    pub eps: f32,
-}
-
-impl NormTailArgs<'_> {
-    fn ptrs(&self, gpu: &Gpu) -> [u64; 5] {
-        [
-            dptr(gpu, Some(self.x)),
-            dptr(gpu, Some(self.norm_w)),
-            dptr(gpu, Some(self.h)),
-            dptr(gpu, self.q8.map(|q| &q.q)),
-            dptr(gpu, self.q8.map(|q| &q.d)),
-        ]
-    }
-}
-
-/// `NormTail` of kernels/q8act.cuh on the device (the addresses of
-/// one call site's buffers and eps) and the last block's scratch. A launch
-/// passes the buffers again and they are checked against the addresses
-/// recorded here, so the kernel never sees a stale pointer.
-pub struct NormTail {
-    dev: CudaSlice<u64>,
-    ptrs: [u64; 5],
-    eps: f32,
-    scratch: NormScratch,
-}
-
-impl NormTail {
-    /// For a GEMV of `rows` rows (= the length of x): at most one block per
-    /// row, so `rows` partial sums are always enough.
-    pub fn new(gpu: &Gpu, a: &NormTailArgs, rows: usize) -> Result<Self> {
-        let scratch = NormScratch::new(gpu, rows)?;
-        let ptrs = a.ptrs(gpu);
-        // Field order and sizes of the C struct: 7 pointers, then eps and
-        // an int of padding (64 bytes).
-        let words: [u64; 8] = [
-            ptrs[0],
-            ptrs[1],
-            ptrs[2],
-            ptrs[3],
-            ptrs[4],
-            dptr(gpu, Some(&scratch.counter)),
-            dptr(gpu, Some(&scratch.partial)),
-            a.eps.to_bits() as u64,
-        ];
-        Ok(Self {
-            dev: gpu.stream.clone_htod(&words)?,
-            ptrs,
-            eps: a.eps,
-            scratch,
-        })
     }
 }
 
@@ -340,50 +254,6 @@ impl DeviceMatrix {
         y: &mut CudaSlice<f32>,
         nr: impl Into<Q8Variant>,
     ) -> Result<()> {
-        self.gemv_q8_with(gpu, x, y, nr, 0)
-    }
-
-    /// [`Self::gemv_q8`], then in the same launch `t.x += y` and `t.h =
-    /// RMSNorm(t.x) * t.norm_w` (and its int8 form), the norm finished by
-    /// the last block: a mixer's output projection with the residual add
-    /// and the norm after it.
-    pub fn gemv_q8_norm(
-        &self,
-        gpu: &Gpu,
-        x: &Q8Vec,
-        y: &mut CudaSlice<f32>,
-        nr: impl Into<Q8Variant>,
-        tail: &NormTail,
-        t: &NormTailArgs,
-    ) -> Result<()> {
-        let d = self.rows;
-        ensure!(
-            t.ptrs(gpu) == tail.ptrs && t.eps == tail.eps,
-            "gemv_q8_norm: buffers other than the tail was made for"
-        );
-        ensure!(
-            t.x.len() >= d && t.norm_w.len() >= d && t.h.len() >= d,
-            "gemv_q8_norm: short x, norm weights or h"
-        );
-        ensure!(
-            t.q8.is_none_or(|q| q.n >= d && d.is_multiple_of(32)),
-            "gemv_q8_norm: int8 output needs rows % 32 == 0"
-        );
-        ensure!(
-            tail.scratch.partial.len() >= d,
-            "gemv_q8_norm: tail scratch for fewer rows"
-        );
-        self.gemv_q8_with(gpu, x, y, nr, dptr(gpu, Some(&tail.dev)))
-    }
-
-    fn gemv_q8_with(
-        &self,
-        gpu: &Gpu,
-        x: &Q8Vec,
-        y: &mut CudaSlice<f32>,
-        nr: impl Into<Q8Variant>,
-        tail: u64,
-    ) -> Result<()> {
         ensure!(
             x.n >= self.cols && y.len() >= self.rows,
             "gemv_q8: short x or y"
@@ -403,7 +273,6 @@ impl DeviceMatrix {
                 x_stride: 0,
                 rows: self.rows,
                 cols: self.cols,
-                tail,
             },
             y,
         )
@@ -446,7 +315,6 @@ impl DeviceMatrix {
                 x_stride: 0,
                 rows: self.rows,
                 cols: self.cols,
-                tail: 0,
             },
             y,
         )
@@ -730,7 +598,6 @@ impl ExpertStack {
                 x_stride,
                 rows: self.rows,
                 cols: self.cols,
-                tail: 0,
             },
             y,
         )
@@ -774,195 +641,9 @@ impl ExpertStack {
                 x_stride: 0,
                 rows: gate.rows,
                 cols: gate.cols,
-                tail: 0,
             },
             y,
         )
-    }
-}
-
-impl ExpertStack {
-    /// Whether [`Self::gate_up_swiglu_q8`] can run these stacks: one
-    /// format with an int8 kernel and shape, rows in whole blocks of 32,
-    /// a full warp of lane chunks per row.
-    pub fn can_gate_up_swiglu(gate: &ExpertStack, up: &ExpertStack) -> bool {
-        let Ok(nb) = gate.layout.blocks_per_row(gate.cols) else {
-            return false;
-        };
-        gate.layout == up.layout
-            && Q8_TYPES.contains(&gate.layout.ty)
-            && (gate.rows, gate.cols, gate.stride, gate.n_slots)
-                == (up.rows, up.cols, up.stride, up.n_slots)
-            && gate.rows.is_multiple_of(32)
-            && q8_lanes_per_row(nb * q8_chunks_per_block(gate.layout.ty)) == 32
-    }
-
-    /// Gate, up and SwiGLU of the `n` routed experts in one launch (int8
-    /// activations, one shared x): `out[i*rows..]` = SiLU(gate_i x) *
-    /// (up_i x) for expert i, and the same as int8 activations in `q`
-    /// (the down projection's input). The bits of
-    /// [`Self::gemv_gate_up_q8`] followed by `ops::swiglu`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gate_up_swiglu_q8(
-        gate: &ExpertStack,
-        up: &ExpertStack,
-        gpu: &Gpu,
-        slots: &CudaSlice<u32>,
-        n: usize,
-        x: &Q8Vec,
-        out: &CudaSlice<f32>,
-        q: &Q8Vec,
-        nr: impl Into<Q8Variant>,
-    ) -> Result<()> {
-        ensure!(
-            Self::can_gate_up_swiglu(gate, up),
-            "gate_up_swiglu: stacks of another format or shape"
-        );
-        ensure!(
-            slots.len() >= n && (1..=65535).contains(&n),
-            "gate_up_swiglu: {n} experts"
-        );
-        ensure!(x.n >= gate.cols, "gate_up_swiglu: short x");
-        ensure!(
-            out.len() >= n * gate.rows && q.n >= n * gate.rows,
-            "gate_up_swiglu: short output"
-        );
-        ensure!(gate.rows <= i32::MAX as usize / 2 && n * gate.rows <= i32::MAX as usize);
-        let v: Q8Variant = nr.into();
-        let name = gate_up_swiglu_kernel_name(gate.layout.ty, v)?;
-        let nb = gate.layout.blocks_per_row(gate.cols)?;
-        let cfg = LaunchConfig {
-            grid_dim: ((gate.rows / 32) as u32, n as u32, 1),
-            block_dim: (32 * 32 / v.nr, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (rows_i, nb_i) = (gate.rows as i32, nb as i32);
-        let mat_bytes = gate.stride as u64;
-        let p = [
-            dptr(gpu, Some(&gate.buf)),
-            dptr(gpu, Some(&up.buf)),
-            dptr(gpu, Some(slots)),
-            dptr(gpu, Some(&x.q)),
-            dptr(gpu, Some(&x.d)),
-            dptr(gpu, Some(out)),
-            dptr(gpu, Some(&q.q)),
-            dptr(gpu, Some(&q.d)),
-        ];
-        // SAFETY: the argument list matches gate_up_swiglu_* in
-        // gemv_q8_gate_up.cu (u8*, u8*, u64, u32*, i8*, f32*, f32*, i8*, f32*,
-        // i32, i32). Both stacks hold n_slots matrices of `stride` bytes
-        // in one device layout of a format with an int8 kernel (checked
-        // by can_gate_up_swiglu), slots[..n] are slots of them (the slot
-        // table's contract), x holds cols values and scales, out and q
-        // n*rows values (checked above); rows % 32 == 0 so every block is
-        // whole.
-        unsafe {
-            gpu.launch(
-                &name,
-                cfg,
-                &[
-                    &p[0], &p[1], &mat_bytes, &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &rows_i,
-                    &nb_i,
-                ],
-            )
-        }
-    }
-}
-
-impl ExpertStack {
-    /// The down projection of the `k` routed experts (int8 activations,
-    /// expert i's at `i*x_stride`), the MoE combine into the residual
-    /// `t.x` and the next RMSNorm into `t.h` in one launch: the bits of
-    /// [`Self::gemv_q8`] followed by `ops::moe_combine` with its norm.
-    #[allow(clippy::too_many_arguments)]
-    pub fn down_combine_q8(
-        &self,
-        gpu: &Gpu,
-        slots: &CudaSlice<u32>,
-        k: usize,
-        x: &Q8Vec,
-        x_stride: usize,
-        c: &CombineInputs,
-        tail: &NormTail,
-        t: &NormTailArgs,
-        nr: impl Into<Q8Variant>,
-    ) -> Result<()> {
-        let d = self.rows;
-        ensure!(
-            (1..=slots.len()).contains(&k) && c.wts.len() >= k && k <= DOWN_MAX_K,
-            "down_combine: {k} experts (at most {DOWN_MAX_K})"
-        );
-        ensure!(
-            x_stride.is_multiple_of(32) && x.n >= (k - 1) * x_stride + self.cols,
-            "down_combine: short x"
-        );
-        ensure!(
-            c.shared.is_none_or(|s| s.len() >= d),
-            "down_combine: short shared output"
-        );
-        ensure!(
-            t.ptrs(gpu) == tail.ptrs && t.eps == tail.eps,
-            "down_combine: buffers other than the tail was made for"
-        );
-        ensure!(
-            t.x.len() >= d && t.norm_w.len() >= d && t.h.len() >= d,
-            "down_combine: short x, norm weights or h"
-        );
-        ensure!(
-            t.q8.is_none_or(|q| q.n >= d && d.is_multiple_of(32)),
-            "down_combine: int8 output needs rows % 32 == 0"
-        );
-        ensure!(
-            tail.scratch.partial.len() >= d && d <= i32::MAX as usize,
-            "down_combine: tail scratch for fewer rows"
-        );
-        let v: Q8Variant = nr.into();
-        let name = down_combine_kernel_name(self.layout.ty, v)?;
-        let nb = self.layout.blocks_per_row(self.cols)?;
-        let spr = q8_lanes_per_row(nb * q8_chunks_per_block(self.layout.ty));
-        // One warp's rows per block, the block's warps sharing the experts.
-        let rows_per_block = v.nr * (32 / spr);
-        let cfg = LaunchConfig {
-            grid_dim: ((d as u32).div_ceil(rows_per_block), 1, 1),
-            block_dim: (GEMV_WARPS * 32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (k_i, rows_i, nb_i, xs) = (k as i32, d as i32, nb as i32, x_stride as i64);
-        let mat_bytes = self.stride as u64;
-        let logit = match c.shared_logit {
-            Some(a) => crate::ops::at_ptr(gpu, a, 1)?,
-            None => 0,
-        };
-        let p = [
-            dptr(gpu, Some(&self.buf)),
-            dptr(gpu, Some(slots)),
-            dptr(gpu, Some(&x.q)),
-            dptr(gpu, Some(&x.d)),
-            dptr(gpu, Some(c.wts)),
-            dptr(gpu, c.shared),
-            logit,
-            dptr(gpu, Some(&tail.dev)),
-        ];
-        // SAFETY: the argument list matches down_combine_* in
-        // gemv_q8_down.cu (u8*, u64, u32*, i32, i8*, f32*, i64, i32, i32,
-        // f32*, f32* or null, f32* or null, NormTail*). The stack holds
-        // n_slots matrices of `stride` bytes in the layout of a format
-        // with an int8 kernel (the name lookup fails otherwise);
-        // slots[..k] are slots of it (the slot table's contract); x holds
-        // the k activation vectors, wts k weights, the shared output d
-        // values and its logit buffer one at the offset (at_ptr); the tail's
-        // buffers are the ones it was made for and hold d values, its
-        // scratch one partial per row >= one per block (checked above).
-        unsafe {
-            gpu.launch(
-                &name,
-                cfg,
-                &[
-                    &p[0], &mat_bytes, &p[1], &k_i, &p[2], &p[3], &xs, &rows_i, &nb_i, &p[4],
-                    &p[5], &p[6], &p[7],
-                ],
-            )
-        }
     }
 }
 
@@ -979,8 +660,6 @@ struct Q8Launch<'a> {
     x_stride: usize,
     rows: usize,
     cols: usize,
-    /// Device address of a `NormTail` (0: none; one matrix only).
-    tail: u64,
 }
 
 fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
@@ -995,10 +674,6 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
     let name = q8_kernel_name(a.layout.ty, a.v)?;
     let spr = q8_lanes_per_row(nb * q8_chunks_per_block(a.layout.ty));
     let rows_per_block = GEMV_WARPS * a.v.nr * (32 / spr);
-    ensure!(
-        a.tail == 0 || a.n_mats == 1,
-        "gemv_q8: a norm tail on several matrices"
-    );
     let cfg = LaunchConfig {
         grid_dim: ((a.rows as u32).div_ceil(rows_per_block), a.n_mats as u32, 1),
         block_dim: (GEMV_WARPS * 32, 1, 1),
@@ -1021,8 +696,7 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
         dptr(gpu, Some(&*y)),
     );
     // SAFETY: the argument list matches gemv_q8act.cu (u8*, u8*, i32,
-    // u64, u32* or null, i8*, f32*, i64, f32*, i32, i32, NormTail* or
-    // null; a tail's buffers checked by gemv_q8_norm). w0 holds the
+    // u64, u32* or null, i8*, f32*, i64, f32*, i32, i32). w0 holds the
     // first n_first matrices (or slots), w1 the rest, each of `mat_bytes` >=
     // rows*nb*block bytes in the device layout of `a.layout` (a format
     // with a q8 kernel, checked by q8_kernel_name); the Q8Vec holds
@@ -1044,7 +718,6 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
                 &yp,
                 &rows_i,
                 &nb_i,
-                &a.tail,
             ],
         )
     }?;

@@ -30,7 +30,6 @@ const HEADERS: &[(&str, &str)] = &[
     ("gemv_common.cuh", kernel_dir!("gemv_common.cuh")),
     ("iq_tables.cuh", kernel_dir!("iq_tables.cuh")),
     ("iq4nl.cuh", kernel_dir!("iq4nl.cuh")),
-    ("q8act.cuh", kernel_dir!("q8act.cuh")),
 ];
 
 /// The f32-activation GEMV kernels of one family (`GEMV_KERNELS` in
@@ -195,66 +194,6 @@ pub const FILES: &[KernelFile] = &[
             "gemv_iq1_m_q8_r4",
         ],
     },
-    KernelFile {
-        name: "gemv_q8_gate_up.cu",
-        source: kernel_dir!("gemv_q8_gate_up.cu"),
-        kernels: &[
-            "gate_up_swiglu_iq2_xxs_q8_r1",
-            "gate_up_swiglu_iq2_xxs_q8_r2",
-            "gate_up_swiglu_iq2_xxs_q8_r4",
-            "gate_up_swiglu_iq2_xxs_q8s_r1",
-            "gate_up_swiglu_iq2_xxs_q8s_r2",
-            "gate_up_swiglu_iq2_xxs_q8s_r4",
-            "gate_up_swiglu_q8_0_q8_r1",
-            "gate_up_swiglu_q8_0_q8_r2",
-            "gate_up_swiglu_q8_0_q8_r4",
-            "gate_up_swiglu_q4_k_q8_r1",
-            "gate_up_swiglu_q4_k_q8_r2",
-            "gate_up_swiglu_q4_k_q8_r4",
-            "gate_up_swiglu_iq4_nl_q8_r1",
-            "gate_up_swiglu_iq4_nl_q8_r2",
-            "gate_up_swiglu_iq4_nl_q8_r4",
-            "gate_up_swiglu_q6_k_q8_r1",
-            "gate_up_swiglu_q6_k_q8_r2",
-            "gate_up_swiglu_q6_k_q8_r4",
-            "gate_up_swiglu_iq2_xs_q8_r1",
-            "gate_up_swiglu_iq2_xs_q8_r2",
-            "gate_up_swiglu_iq2_xs_q8_r4",
-            "gate_up_swiglu_iq1_m_q8_r1",
-            "gate_up_swiglu_iq1_m_q8_r2",
-            "gate_up_swiglu_iq1_m_q8_r4",
-        ],
-    },
-    KernelFile {
-        name: "gemv_q8_down.cu",
-        source: kernel_dir!("gemv_q8_down.cu"),
-        kernels: &[
-            "down_combine_iq2_xxs_q8_r1",
-            "down_combine_iq2_xxs_q8_r2",
-            "down_combine_iq2_xxs_q8_r4",
-            "down_combine_iq2_xxs_q8s_r1",
-            "down_combine_iq2_xxs_q8s_r2",
-            "down_combine_iq2_xxs_q8s_r4",
-            "down_combine_q8_0_q8_r1",
-            "down_combine_q8_0_q8_r2",
-            "down_combine_q8_0_q8_r4",
-            "down_combine_q4_k_q8_r1",
-            "down_combine_q4_k_q8_r2",
-            "down_combine_q4_k_q8_r4",
-            "down_combine_iq4_nl_q8_r1",
-            "down_combine_iq4_nl_q8_r2",
-            "down_combine_iq4_nl_q8_r4",
-            "down_combine_q6_k_q8_r1",
-            "down_combine_q6_k_q8_r2",
-            "down_combine_q6_k_q8_r4",
-            "down_combine_iq2_xs_q8_r1",
-            "down_combine_iq2_xs_q8_r2",
-            "down_combine_iq2_xs_q8_r4",
-            "down_combine_iq1_m_q8_r1",
-            "down_combine_iq1_m_q8_r2",
-            "down_combine_iq1_m_q8_r4",
-        ],
-    },
 ];
 
 /// `src` with every `#include "x.cuh"` replaced by the header's text (each
@@ -348,11 +287,7 @@ mod tests {
                     .and_then(|r| r.split_once("_d"))
                     .is_some_and(|(g, d)| src.contains(&format!("ATTN_SPLIT({g}, {d})")));
                 assert!(
-                    src.contains(&format!("GEMV_KERNELS({prefix},"))
-                        || src.contains(&format!("GATE_UP_SWIGLU_KERNELS({prefix},"))
-                        || src.contains(&format!("DOWN_COMBINE_KERNELS({prefix},"))
-                        || src.contains(k)
-                        || attn,
+                    src.contains(&format!("GEMV_KERNELS({prefix},")) || src.contains(k) || attn,
                     "{k}"
                 );
             }

@@ -27,7 +27,7 @@ pub fn dptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
 pub type At<'a> = (&'a CudaSlice<f32>, usize);
 
 /// The raw address of `a` (checked to hold `n` floats).
-pub(crate) fn at_ptr(gpu: &Gpu, a: At, n: usize) -> Result<u64> {
+fn at_ptr(gpu: &Gpu, a: At, n: usize) -> Result<u64> {
     ensure!(
         a.0.len() >= a.1 + n,
         "buffer of {} floats holds no {n} at {}",
@@ -699,25 +699,6 @@ pub struct NextNorm<'a> {
     pub eps: f32,
     pub h: &'a CudaSlice<f32>,
     pub q8: Option<&'a Q8Vec>,
-}
-
-/// What a norm finished by the last block of a kernel needs
-/// (common.cuh `tail_rms_norm`): the count of finished blocks (zero
-/// between launches: the last block resets it) and one f64 partial sum
-/// per block. One per call site: two kernels in flight at once must not
-/// share it.
-pub struct NormScratch {
-    pub counter: CudaSlice<u32>,
-    pub partial: CudaSlice<f64>,
-}
-
-impl NormScratch {
-    pub fn new(gpu: &Gpu, blocks: usize) -> Result<Self> {
-        Ok(Self {
-            counter: gpu.stream.alloc_zeros(1)?,
-            partial: gpu.stream.alloc_zeros(blocks.max(1))?,
-        })
-    }
 }
 
 /// `x += Σ_i w[i]·ys[i] + sh·sigmoid(sh_logit)` (`k` routed outputs of

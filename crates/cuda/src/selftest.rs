@@ -4,8 +4,7 @@
 use crate::device::Gpu;
 use crate::error::Result;
 use crate::gemv::{
-    kernel_name, q8_kernel_name, CombineInputs, DeviceMatrix, ExpertStack, NormTail, NormTailArgs,
-    Q8Variant, Q8Vec, Variant, Q8_TYPES,
+    kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
 };
 use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{
@@ -217,14 +216,6 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
         let r = compare(y, want_f).1;
         w.vs_f32 = Some(w.vs_f32.unwrap_or(0.0).max(r));
     };
-    let mut fused = Worst::new(
-        "gate_up_swiglu_* (every format, nr) against gate|up + swiglu (abs: differing bits)".into(),
-    );
-    let mut fused_q = Worst::new("gate_up_swiglu_*: int8 output (abs: worst |q - q_cpu|)".into());
-    let mut down_comb = Worst::new(
-        "down_combine_* (every format, nr) against gemv_q8 + moe_combine_norm: x, h, int8 h (abs: differing values)"
-            .into(),
-    );
     for (ty, nr) in q8_variants() {
         let l = layout(ty)?;
         let mut worst = Worst::new(q8_kernel_name(ty, nr)?);
@@ -284,105 +275,6 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                     fold2(&mut worst, &y[i * rows..][..rows], &wq, &wf);
                 }
             }
-            // down + combine + next norm in one launch against the
-            // two-launch path (gemv_q8 of the experts, then moe_combine
-            // with the norm): x, h and the int8 h bit for bit.
-            if rows % 32 == 0 {
-                for shared in [false, true] {
-                    let d = rows;
-                    let x = random_vec(cols * n, rng);
-                    let (xq, _) = device_q8(gpu, &x, &mut qw)?;
-                    let res = random_vec(d, rng);
-                    let wts: Vec<f32> = (0..n).map(|i| 0.05 + 0.1 * i as f32).collect();
-                    let sh = random_vec(d, rng);
-                    let logit = [0.0f32, 0.7];
-                    let nw: Vec<f32> = random_vec(d, rng).iter().map(|v| 1.0 + 0.5 * v).collect();
-                    let (wd, shd, ld, nwd) = (
-                        gpu.stream.clone_htod(&wts)?,
-                        gpu.stream.clone_htod(&sh)?,
-                        gpu.stream.clone_htod(&logit)?,
-                        gpu.stream.clone_htod(&nw)?,
-                    );
-                    let mut outs = Vec::new();
-                    for fused_launch in [false, true] {
-                        let mut xr = gpu.stream.clone_htod(&res)?;
-                        let hd = gpu.stream.clone_htod(&vec![f32::NAN; d])?;
-                        let hq = Q8Vec::new(gpu, d)?;
-                        if fused_launch {
-                            let tail = NormTail::new(
-                                gpu,
-                                &NormTailArgs {
-                                    x: &xr,
-                                    norm_w: &nwd,
-                                    h: &hd,
-                                    q8: Some(&hq),
-                                    eps: 1e-6,
-                                },
-                                d,
-                            )?;
-                            let c = CombineInputs {
-                                wts: &wd,
-                                shared: shared.then_some(&shd),
-                                shared_logit: shared.then_some((&ld, 1)),
-                            };
-                            // Twice on one tail, x reset in between: the
-                            // second launch needs the block count reset.
-                            for _launch in 0..2 {
-                                gpu.stream.memcpy_htod(&res, &mut xr)?;
-                                let args = NormTailArgs {
-                                    x: &xr,
-                                    norm_w: &nwd,
-                                    h: &hd,
-                                    q8: Some(&hq),
-                                    eps: 1e-6,
-                                };
-                                gate.down_combine_q8(gpu, &sd, n, &xq, cols, &c, &tail, &args, nr)?;
-                            }
-                        } else {
-                            let mut yd: CudaSlice<f32> =
-                                gpu.stream.clone_htod(&vec![f32::NAN; d * n])?;
-                            gate.gemv_q8(gpu, &sd, n, &xq, cols, &mut yd, nr)?;
-                            crate::ops::moe_combine(
-                                gpu,
-                                &xr,
-                                &yd,
-                                &wd,
-                                n,
-                                d,
-                                shared.then_some(&shd),
-                                shared.then_some((&ld, 1)),
-                                Some(crate::ops::NextNorm {
-                                    w: &nwd,
-                                    eps: 1e-6,
-                                    h: &hd,
-                                    q8: Some(&hq),
-                                }),
-                            )?;
-                        }
-                        gpu.sync()?;
-                        outs.push((
-                            gpu.stream.clone_dtoh(&xr)?,
-                            gpu.stream.clone_dtoh(&hd)?,
-                            gpu.stream.clone_dtoh(&hq.q)?,
-                        ));
-                    }
-                    let bits = |a: &[f32], b: &[f32]| {
-                        a.iter()
-                            .zip(b)
-                            .filter(|(p, q)| p.to_bits() != q.to_bits())
-                            .count()
-                    };
-                    let diff = bits(&outs[0].0, &outs[1].0)
-                        + bits(&outs[0].1, &outs[1].1)
-                        + outs[0]
-                            .2
-                            .iter()
-                            .zip(&outs[1].2)
-                            .filter(|(p, q)| p != q)
-                            .count();
-                    fold(&mut down_comb, (diff as f64, 0.0, diff == 0));
-                }
-            }
             // gate + up in one launch, shared x.
             let x = random_vec(cols, rng);
             let (xq, xqf) = device_q8(gpu, &x, &mut qw)?;
@@ -398,112 +290,11 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                     fold2(&mut worst, &y[(k * n + i) * rows..][..rows], &wq, &wf);
                 }
             }
-            // gate + up + SwiGLU in one launch: the bits of the two-launch
-            // path just checked (its gate|up output through ops::swiglu),
-            // and its int8 output the CPU's quantization of its f32 one.
-            if ExpertStack::can_gate_up_swiglu(&gate, &up) {
-                let kf = n * rows;
-                let want_d = gpu.stream.clone_htod(&vec![f32::NAN; kf])?;
-                crate::ops::swiglu(gpu, (&yd, 0), (&yd, kf), &want_d, None, kf)?;
-                let od = gpu.stream.clone_htod(&vec![f32::NAN; kf])?;
-                let oq = Q8Vec::new(gpu, kf)?;
-                ExpertStack::gate_up_swiglu_q8(&gate, &up, gpu, &sd, n, &xq, &od, &oq, nr)?;
-                gpu.sync()?;
-                let (want, got) = (gpu.stream.clone_dtoh(&want_d)?, gpu.stream.clone_dtoh(&od)?);
-                let diff = got
-                    .iter()
-                    .zip(&want)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
-                fold(&mut fused, (diff as f64, 0.0, diff == 0));
-                crate::selftest_ops::check_q8(gpu, &got, &oq, &mut fused_q)?;
-            }
         }
         out.push(worst);
     }
     out.push(qw);
-    out.push(fused);
-    out.push(fused_q);
-    out.push(down_comb);
-    out.extend(norm_tail(gpu, rng)?);
     Ok(())
-}
-
-/// The residual add + RMSNorm finished by a GEMV's last block
-/// (`gemv_q8_norm`), every int8 format and variant: y must equal the plain
-/// GEMV's bit for bit, x the f32 sum x + y, h the f64 RMSNorm of that x
-/// (REL_TOL), and the int8 h the CPU's quantization of the kernel's own h
-/// (q within 1). Each case launches twice on one tail: the second launch
-/// checks that the last block reset the block count.
-fn norm_tail(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
-    let mut w = Worst::new("gemv_q8 + residual add + RMSNorm tail (x, h; every format, nr)".into());
-    let mut same = Worst::new("gemv_q8 norm tail: y against the plain launch (abs: bits)".into());
-    let mut qw = Worst::new("gemv_q8 norm tail: int8 h (abs: worst |q - q_cpu|)".into());
-    for (ty, nr) in q8_variants() {
-        let l = layout(ty)?;
-        for (rows, cols) in [(2048, 512), (2048, 4096), (96, 2048)] {
-            let wt = random_weights(&l, rows, cols, rng);
-            let m = DeviceMatrix::upload(gpu, ty, rows, cols, &wt)?;
-            let x = random_vec(cols, rng);
-            let xd = gpu.stream.clone_htod(&x)?;
-            let mut xq = Q8Vec::new(gpu, cols)?;
-            xq.quantize(gpu, &xd)?;
-            let mut y0d = gpu.stream.clone_htod(&vec![f32::NAN; rows])?;
-            m.gemv_q8(gpu, &xq, &mut y0d, nr)?;
-            gpu.sync()?;
-            let y0 = gpu.stream.clone_dtoh(&y0d)?;
-            let res = random_vec(rows, rng);
-            let norm_w: Vec<f32> = random_vec(rows, rng)
-                .iter()
-                .map(|v| 1.0 + 0.5 * v)
-                .collect();
-            let want_x: Vec<f32> = res.iter().zip(&y0).map(|(&a, &b)| a + b).collect();
-            let (_, want_h) = crate::reference::rms_norm(&want_x, None, &norm_w, rows, 1e-6, false);
-            let mut resd = gpu.stream.clone_htod(&res)?;
-            let nwd = gpu.stream.clone_htod(&norm_w)?;
-            let mut hd = gpu.stream.clone_htod(&vec![f32::NAN; rows])?;
-            let hq = Q8Vec::new(gpu, rows)?;
-            let tail = NormTail::new(
-                gpu,
-                &NormTailArgs {
-                    x: &resd,
-                    norm_w: &nwd,
-                    h: &hd,
-                    q8: Some(&hq),
-                    eps: 1e-6,
-                },
-                rows,
-            )?;
-            for _launch in 0..2 {
-                gpu.stream.memcpy_htod(&res, &mut resd)?;
-                gpu.stream.memcpy_htod(&vec![f32::NAN; rows], &mut hd)?;
-                let mut yd = gpu.stream.clone_htod(&vec![f32::NAN; rows])?;
-                let args = NormTailArgs {
-                    x: &resd,
-                    norm_w: &nwd,
-                    h: &hd,
-                    q8: Some(&hq),
-                    eps: 1e-6,
-                };
-                m.gemv_q8_norm(gpu, &xq, &mut yd, nr, &tail, &args)?;
-                gpu.sync()?;
-                let y = gpu.stream.clone_dtoh(&yd)?;
-                let diff = y
-                    .iter()
-                    .zip(&y0)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
-                fold(&mut same, (diff as f64, 0.0, diff == 0));
-                let xs = gpu.stream.clone_dtoh(&resd)?;
-                let wx: Vec<f64> = want_x.iter().map(|&v| v as f64).collect();
-                fold(&mut w, compare(&xs, &wx));
-                let h = gpu.stream.clone_dtoh(&hd)?;
-                fold(&mut w, compare(&h, &want_h));
-                crate::selftest_ops::check_q8(gpu, &h, &hq, &mut qw)?;
-            }
-        }
-    }
-    Ok(vec![w, same, qw])
 }
 
 /// Print the table; returns whether every kernel passed.
