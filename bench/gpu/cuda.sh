@@ -16,6 +16,11 @@
 #   variants  (not in the default list) decode tok/s at depth 0 for each
 #             router GEMV variant in F32_GEMVS (REDLITE_CUDA_F32_GEMV,
 #             docs/cuda.md), ROUNDS rounds alternating
+#   pdl       (not in the default list) decode tok/s at PDL_DEPTHS (default
+#             0,32768): plain launches, PDL with the late trigger, PDL with
+#             the early one (REDLITE_PDL_TRIGGER=early), ROUNDS rounds
+#             alternating
+# PDL=1 adds --pdl to selftest, parity, tiny and bench.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 F=tests/fixtures/qwen3next
@@ -23,21 +28,22 @@ LAYOUT="${LAYOUT:-iq2}"
 exec > >(tee -a "$OUT/cuda.log") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fail=0
+P="${PDL:+--pdl}"
 for s in ${STEPS:-selftest parity kernels tiny bench}; do
   case $s in
-    selftest) echo "== selftest"; timeout 300 "$R" selftest || fail=1 ;;
+    selftest) echo "== selftest"; timeout 300 "$R" selftest $P || fail=1 ;;
     parity) echo "== parity"
-      timeout 300 "$R" parity -m $F/tiny-qwen3next-f32.gguf $F/tiny-qwen3next-q8_0.gguf \
+      timeout 300 "$R" parity $P -m $F/tiny-qwen3next-f32.gguf $F/tiny-qwen3next-q8_0.gguf \
         $F/tiny-qwen3next-q4_k_m.gguf $F/tiny-qwen3next-iq2_xxs.gguf || fail=1 ;;
     kernels) echo "== bench kernels --decode-only"; timeout 200 "$R" bench kernels --decode-only ;;
     tiny) echo "== decode, tiny fixture"
-      timeout 100 "$R" bench model -m $F/tiny-qwen3next-f32.gguf --device cuda -p 0 -n 256 -r 3 ;;
+      timeout 100 "$R" bench model $P -m $F/tiny-qwen3next-f32.gguf --device cuda -p 0 -n 256 -r 3 ;;
     bench)
       M=$(synth_file "$LAYOUT")
       for a in ${ACTS:-int8}; do
         f=""; [[ $a == f32 ]] && f=--f32-activations
         echo "== decode, synth $LAYOUT, $a activations"
-        timeout 400 "$R" bench model -m "$M" --device cuda $f -p 0 -n 64 -d "${DEPTHS:-0,4096,32768}" -r 3
+        timeout 400 "$R" bench model $P -m "$M" --device cuda $f -p 0 -n 64 -d "${DEPTHS:-0,4096,32768}" -r 3
       done ;;
     variants)
       M=$(synth_file "$LAYOUT")
@@ -45,6 +51,18 @@ for s in ${STEPS:-selftest parity kernels tiny bench}; do
         for v in ${F32_GEMVS:-r1x2 r2 r1}; do
           echo "== round $round: REDLITE_CUDA_F32_GEMV=$v"
           REDLITE_CUDA_F32_GEMV=$v timeout 150 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d 0 -r 3 2>/dev/null | grep "^| qwen"
+        done
+      done ;;
+    pdl)
+      M=$(synth_file "$LAYOUT")
+      for round in $(seq "${ROUNDS:-2}"); do
+        for v in plain late early; do
+          echo "== round $round: launches $v"
+          case $v in
+            plain) timeout 200 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
+            late) timeout 200 "$R" bench model --pdl -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
+            early) REDLITE_PDL_TRIGGER=early timeout 200 "$R" bench model --pdl -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
+          esac
         done
       done ;;
     *) echo "unknown step $s"; fail=1 ;;

@@ -9,32 +9,86 @@ typedef unsigned long long u64;
 
 // Programmatic dependent launch (PDL, sm_90). When the host launches a
 // kernel with the programmatic-stream-serialization attribute (`--pdl`),
-// the GPU may start it while the previous kernel of the stream still runs,
-// hiding the launch latency between the ~770 dependent kernels of a token.
+// the GPU may start it while the previous kernel of the stream still runs.
 // `griddepcontrol.wait` then blocks until the previous grid has completed
-// and its writes are visible, so it must come before any global memory
-// access; `griddepcontrol.launch_dependents` lets the next kernel be
-// scheduled as soon as every block of this one has issued it. Both are
-// no-ops for launches without the attribute. PTX, not the CUDA intrinsics:
-// NVRTC here has no CUDA headers.
+// and its writes are visible; `griddepcontrol.launch_dependents` lets the
+// next kernel be scheduled as soon as every block of this one has issued
+// it. Both are no-ops for launches without the attribute. PTX, not the
+// CUDA intrinsics: NVRTC here has no CUDA headers.
+//
+// What the early start buys is the time before the wait: a kernel whose
+// weights are fixed (every GEMV, the DeltaNet state) pulls them into L2
+// there (`l2_prefetch`), while its predecessor computes, so that after the
+// wait its loads hit L2 instead of DRAM. Launch overlap alone measured
+// slower (docs/what-did-not-work.md).
 __device__ __forceinline__ void pdl_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;");
 }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-// First statement of every `extern "C" __global__` kernel. Trigger first:
-// the dependent grid is only launched, it still waits for this grid's
-// completion in its own prologue, so triggering early costs no correctness
-// and gives the most overlap. Every kernel must wait (not only those that
-// read a predecessor's output): a kernel that skips the wait could finish
-// before its predecessor, breaking the completion chain the kernels after
-// it rely on.
+// The statement of every `extern "C" __global__` kernel before its first
+// access to memory a predecessor may write (only an L2 prefetch of
+// read-only weights, or a hint read with `slot_hint`, may come before).
+// Every kernel must wait (not only those that read a predecessor's
+// output): a kernel that skips the wait could finish before its
+// predecessor, breaking the completion chain the kernels after it rely on.
+// The trigger comes after the wait: the next kernel is then launched while
+// this one computes, so it prefetches during this kernel's work, and when
+// a kernel starts every kernel two or more before it has completed (the
+// routed experts' down GEMV may read its slots early). Compiled with
+// REDLITE_PDL_EARLY_TRIGGER (environment `REDLITE_PDL_TRIGGER=early`) the
+// trigger comes first, letting launches run further ahead.
+#ifdef REDLITE_PDL_EARLY_TRIGGER
 #define PDL_PROLOGUE()            \
     do {                          \
         pdl_launch_dependents();  \
         pdl_wait();               \
     } while (0)
+#else
+#define PDL_PROLOGUE()            \
+    do {                          \
+        pdl_wait();               \
+        pdl_launch_dependents();  \
+    } while (0)
+#endif
 
+// Ask L2 for the bytes [p, p + n) (a hint: no fault, no data returned),
+// one 128-byte line per instruction, the lines spread over the block's
+// threads. Only for memory no kernel of the token writes, or whose stale
+// lines L2 keeps coherent anyway (L2 is the point of coherence; L1 is not
+// touched).
+__device__ __forceinline__ void l2_prefetch(const void* p, u64 n) {
+    if (n == 0) return;
+    const u64 a = (u64)p, first = a >> 7, last = (a + n - 1) >> 7;
+    for (u64 l = first + threadIdx.x; l <= last; l += blockDim.x) {
+        const u64 addr = l == first ? a : l << 7;
+        asm volatile("prefetch.L2 [%0];" ::"l"(addr));
+    }
+}
+
+// The expert slot a GEMV block will read, read before `griddepcontrol.wait`
+// to aim its prefetch, or false where that is not safe. Cached in L2 only
+// (`.cg`), so that no stale line stays in this SM's L1 for the
+// non-coherent loads after the wait. The value may be stale, so it only
+// steers hints: with the late trigger the kernel two launches back has
+// completed, so the slots hold either this token's (the cache plan ran
+// two or more kernels back) or the previous token's, both slots of the
+// stack. With the early trigger a top-k that writes expert ids (cache
+// mode: not yet slots) may still be running, so slot launches skip the
+// prefetch.
+__device__ __forceinline__ bool slot_hint(const u32* slots, int i, u32* slot) {
+#ifdef REDLITE_PDL_EARLY_TRIGGER
+    if (slots) return false;
+#endif
+    if (!slots) {
+        *slot = (u32)i;
+        return true;
+    }
+    u32 v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(slots + i));
+    *slot = v;
+    return true;
+}
 // No math headers under NVRTC: infinity by its bits.
 #define INFINITY __int_as_float(0x7f800000)
 

@@ -248,6 +248,19 @@ __device__ __forceinline__ void gdn_step_body(
     cluster_wait_acquire();
 }
 
+// Before the PDL wait: this block's state slice (dk rows of W = dv / C
+// floats, dv apart) into L2. The state is only written by this layer's
+// step, tokens ago, so the lines are current. Not inlined: inlined, its
+// loop cost gdn_step_c4 spills under the 64-register cap.
+template <int C>
+__device__ __noinline__ void gdn_prefetch(const float* state, int dk, int dv) {
+    const int h = blockIdx.x / C, c = blockIdx.x % C, W = dv / C;
+    const float* st = state + (long long)h * dk * dv + c * W;
+    const int lpr = (W + 31) / 32;  // 128-byte lines per row slice
+    for (int e = threadIdx.x; e < dk * lpr; e += blockDim.x)
+        asm volatile("prefetch.L2 [%0];" ::"l"(st + (long long)(e / lpr) * dv + 32 * (e % lpr)));
+}
+
 #define GDN_PARAMS                                                                                \
     const float *__restrict__ qkv, const float *__restrict__ z, const float *__restrict__ ba,    \
         const float *__restrict__ conv_w, const float *__restrict__ dt_bias,                      \
@@ -272,16 +285,19 @@ __device__ __forceinline__ void gdn_step_body(
 // shapes, small dv) need more registers and take one block per SM.
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2) __cluster_dims__(4, 1, 1)
     gdn_step_c4(GDN_PARAMS) {
+    gdn_prefetch<4>(state, dk, dv);
     PDL_PROLOGUE();
     gdn_step_body<4, 8>(GDN_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1) __cluster_dims__(2, 1, 1)
     gdn_step_c2(GDN_PARAMS) {
+    gdn_prefetch<2>(state, dk, dv);
     PDL_PROLOGUE();
     gdn_step_body<2, 16>(GDN_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1) __cluster_dims__(1, 1, 1)
     gdn_step_c1(GDN_PARAMS) {
+    gdn_prefetch<1>(state, dk, dv);
     PDL_PROLOGUE();
     gdn_step_body<1, 32>(GDN_ARGS);
 }

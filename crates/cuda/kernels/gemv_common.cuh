@@ -26,7 +26,8 @@
 
 // u16 words of the side array per block (`moved / 2` in src/layout.rs): 1
 // (the f16 d) unless the format says otherwise with `SIDE_WORDS` (Q5_0: 3,
-// d and the fifth bits). T::dot gets its block's side entry.
+// d and the fifth bits; 0: blocks kept whole, no side array). T::dot gets
+// its block's side entry.
 template <class T, class = void>
 struct side_words {
     static constexpr int v = 1;
@@ -35,6 +36,31 @@ template <class T>
 struct side_words<T, decltype(void(T::SIDE_WORDS))> {
     static constexpr int v = T::SIDE_WORDS;
 };
+
+// Rows [r0, r1) of the matrix at `base` (rows x nb blocks) into L2: their
+// payload, then their side entries (`side_bytes` per block; 0 where the
+// format keeps its blocks whole). Issued before the PDL wait (common.cuh).
+__device__ __forceinline__ void gemv_prefetch_rows(const u8* base, int rows, int nb, int payload,
+                                                   int side_bytes, int r0, int r1) {
+    if (r0 >= r1) return;
+    l2_prefetch(base + (u64)r0 * nb * payload, (u64)(r1 - r0) * nb * payload);
+    if (side_bytes)
+        l2_prefetch(base + (u64)rows * nb * payload + (u64)r0 * nb * side_bytes,
+                    (u64)(r1 - r0) * nb * side_bytes);
+}
+
+// The rows a block of gemv_body reads, into L2 (the slot read as a hint).
+template <class T, int NR>
+__device__ __forceinline__ void gemv_prefetch(const u8* w, u64 mat_bytes, const u32* slots,
+                                              int rows, int nb) {
+    const int m = blockIdx.y;
+    u32 slot;
+    if (!slot_hint(slots, m, &slot)) return;
+    const u8* base = w + (u64)slot * mat_bytes;
+    const int r0 = blockIdx.x * GEMV_WARPS * NR;
+    gemv_prefetch_rows(base, rows, nb, T::PAYLOAD, 2 * side_words<T>::v, r0,
+                       min(r0 + GEMV_WARPS * NR, rows));
+}
 
 template <class T, int NR, int U>
 __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, u64 mat_bytes,
@@ -90,6 +116,7 @@ __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, u64 mat_byte
         NAME(const u8* __restrict__ w, u64 mat_bytes, const u32* __restrict__ slots,        \
              const float* __restrict__ x, long long x_stride, float* __restrict__ y,        \
              int rows, int nb) {                                                            \
+        gemv_prefetch<T, NR>(w, mat_bytes, slots, rows, nb);                                \
         PDL_PROLOGUE();                                                                     \
         gemv_body<T, NR, U>(w, mat_bytes, slots, x, x_stride, y, rows, nb);                   \
     }

@@ -7,7 +7,7 @@
 #include "gemv_common.cuh"
 
 struct F32W {
-    static constexpr int QK = 32, LPB = 1, PAYLOAD = 128;
+    static constexpr int QK = 32, LPB = 1, PAYLOAD = 128, SIDE_WORDS = 0;
     static __device__ __forceinline__ void load_x(const float* __restrict__ xb, int, float* v) {
 #pragma unroll
         for (int l = 0; l < 4; l++) load8(xb + 8 * l, v + 8 * l);

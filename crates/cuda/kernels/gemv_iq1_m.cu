@@ -14,7 +14,7 @@
 #include "iq_tables.cuh"
 
 struct Iq1M {
-    static constexpr int QK = 256, LPB = 8, PAYLOAD = 56;
+    static constexpr int QK = 256, LPB = 8, PAYLOAD = 56, SIDE_WORDS = 0;
     static __device__ __forceinline__ void load_x(const float* __restrict__ xb, int sub, float* v) {
 #pragma unroll
         for (int l = 0; l < 4; l++) load8(xb + 32 * sub + 8 * l, v + 8 * l);

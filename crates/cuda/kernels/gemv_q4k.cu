@@ -23,7 +23,7 @@ __device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, int*
 }
 
 struct Q4K {
-    static constexpr int QK = 256, LPB = 8, PAYLOAD = 144;
+    static constexpr int QK = 256, LPB = 8, PAYLOAD = 144, SIDE_WORDS = 0;
     static __device__ __forceinline__ void load_x(const float* __restrict__ xb, int sub, float* v) {
         const int c = sub >> 1, l0 = (sub & 1) * 16;
         load8(xb + 64 * c + l0, v);

@@ -24,7 +24,7 @@ __device__ __forceinline__ void scale_min_k5(int j, u32 s0, u32 s1, u32 s2, int*
 }
 
 struct Q5K {
-    static constexpr int QK = 256, LPB = 8, PAYLOAD = 176;
+    static constexpr int QK = 256, LPB = 8, PAYLOAD = 176, SIDE_WORDS = 0;
     static __device__ __forceinline__ void load_x(const float* __restrict__ xb, int sub, float* v) {
         const int c = sub >> 1, l0 = (sub & 1) * 16;
         load8(xb + 64 * c + l0, v);

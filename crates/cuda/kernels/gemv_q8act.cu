@@ -174,7 +174,7 @@ __device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, int*
 }
 
 struct Q4KQ8 {
-    static constexpr int CPB = 8, PAYLOAD = 144, W16 = 2, XV = 2, DX = 2;
+    static constexpr int CPB = 8, PAYLOAD = 144, W16 = 2, XV = 2, DX = 2, SIDE_WORDS = 0;
     using WT = WChunk<2>;
     static __device__ __forceinline__ void load_w(const u8* rp, const u16*, int c, WChunk<2>& w,
                                                   u16& d) {
@@ -364,7 +364,7 @@ struct Iq1MW {
 };
 
 struct Iq1MQ8 : ContigX<4, 2> {
-    static constexpr int CPB = 4, PAYLOAD = 56, XV = 4, DX = 2;
+    static constexpr int CPB = 4, PAYLOAD = 56, XV = 4, DX = 2, SIDE_WORDS = 0;
     using WT = Iq1MW;
     static __device__ __forceinline__ void load_w(const u8* rp, const u16*, int c, WT& w,
                                                   u16& d) {
@@ -417,6 +417,25 @@ struct Iq1MQ8 : ContigX<4, 2> {
 // (src/gemv.rs `q8_lanes_per_row`).
 __device__ __forceinline__ int q8_lanes_per_row(int nch) {
     return nch >= 32 ? 32 : nch >= 16 ? 16 : nch >= 8 ? 8 : 4;
+}
+
+// The rows a block of gemv_q8_body reads, into L2, before the PDL wait.
+// The slot is read as a hint: right after the top-k it is still the
+// previous token's (the body reads it again after the wait).
+template <class T, int NR>
+__device__ __forceinline__ void gemv_q8_prefetch(const u8* w0, const u8* w1, int n_first,
+                                                 u64 mat_bytes, const u32* slots, int rows,
+                                                 int nb) {
+    const int m = blockIdx.y;
+    const bool second = m >= n_first;
+    const int mi = second ? m - n_first : m;
+    u32 slot;
+    if (!slot_hint(slots, mi, &slot)) return;
+    const u8* base = (second ? w1 : w0) + (u64)slot * mat_bytes;
+    const int brows = GEMV_WARPS * NR * (32 / q8_lanes_per_row(nb * T::CPB));
+    const int r0 = blockIdx.x * brows;
+    gemv_prefetch_rows(base, rows, nb, T::PAYLOAD, 2 * side_words<T>::v, r0,
+                       min(r0 + brows, rows));
 }
 
 template <class T, int NR, bool SG>
@@ -495,6 +514,7 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
              const u32* __restrict__ slots, const signed char* __restrict__ xq,                 \
              const float* __restrict__ xd, long long x_stride, float* __restrict__ y, int rows, \
              int nb) {                                                                          \
+        gemv_q8_prefetch<T, NR>(w0, w1, n_first, mat_bytes, slots, rows, nb);                  \
         PDL_PROLOGUE();                                                                         \
         gemv_q8_body<T, NR, SG>(w0, w1, n_first, mat_bytes, slots, xq, xd, x_stride, y, rows,  \
                                 nb);                                                            \
