@@ -17,10 +17,14 @@
 #             router GEMV variant in F32_GEMVS (REDLITE_CUDA_F32_GEMV,
 #             docs/cuda.md), ROUNDS rounds alternating
 #   pdl       (not in the default list) decode tok/s at PDL_DEPTHS (default
-#             0,32768): plain launches, PDL with the late trigger, PDL with
-#             the early one (REDLITE_PDL_TRIGGER=early), ROUNDS rounds
-#             alternating
-# PDL=1 adds --pdl to selftest, parity, tiny and bench.
+#             0,32768): plain launches (--no-pdl), PDL with the late
+#             trigger (the default), PDL with the early one
+#             (REDLITE_PDL_TRIGGER=early), ROUNDS rounds alternating
+#   envab     (not in the default list) decode tok/s at AB_DEPTHS (default
+#             0,32768) under each environment assignment of AB (e.g.
+#             "REDLITE_CUDA_TOPK_PREFETCH=1 REDLITE_CUDA_TOPK_PREFETCH=0"),
+#             ROUNDS rounds alternating
+# NO_PDL=1 adds --no-pdl to selftest, parity, tiny and bench.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 F=tests/fixtures/qwen3next
@@ -28,7 +32,7 @@ LAYOUT="${LAYOUT:-iq2}"
 exec > >(tee -a "$OUT/cuda.log") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fail=0
-P="${PDL:+--pdl}"
+P="${NO_PDL:+--no-pdl}"
 for s in ${STEPS:-selftest parity kernels tiny bench}; do
   case $s in
     selftest) echo "== selftest"; timeout 300 "$R" selftest $P || fail=1 ;;
@@ -59,10 +63,18 @@ for s in ${STEPS:-selftest parity kernels tiny bench}; do
         for v in plain late early; do
           echo "== round $round: launches $v"
           case $v in
-            plain) timeout 200 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
-            late) timeout 200 "$R" bench model --pdl -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
-            early) REDLITE_PDL_TRIGGER=early timeout 200 "$R" bench model --pdl -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
+            plain) timeout 200 "$R" bench model --no-pdl -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
+            late) timeout 200 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
+            early) REDLITE_PDL_TRIGGER=early timeout 200 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
           esac
+        done
+      done ;;
+    envab)
+      M=$(synth_file "$LAYOUT")
+      for round in $(seq "${ROUNDS:-2}"); do
+        for v in ${AB:?set AB}; do
+          echo "== round $round: $v"
+          env "$v" timeout 200 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d "${AB_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen"
         done
       done ;;
     *) echo "unknown step $s"; fail=1 ;;

@@ -105,7 +105,7 @@ pub fn results(
         .max()
         .unwrap_or(1);
     let mut gpu = Gpu::new(0)?;
-    gpu.pdl = args.pdl;
+    gpu.pdl = !args.no_pdl;
     let int8 = !args.f32_activations;
     let kv = kv_type(args.kv_type.as_deref(), int8);
     let (cache, plan_line) = device_plan(&gpu, model, &args.mem, need, kv)?;
@@ -127,7 +127,7 @@ pub fn results(
         dec.gpu().name,
         if args.f32_activations { "f32" } else { "int8" },
         kv.name(),
-        if args.pdl { "PDL" } else { "plain" },
+        if args.no_pdl { "plain" } else { "PDL" },
         dec.n_ops(),
         dec.device_bytes as f64 / (1u64 << 30) as f64,
         t0.elapsed().as_secs_f64()

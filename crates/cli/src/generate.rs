@@ -100,11 +100,12 @@ pub struct GenerateArgs {
     /// activations, f32 with --f32-activations).
     #[arg(long, value_parser = ["f16", "f32"])]
     pub kv_type: Option<String>,
-    /// With --device cuda: launch every kernel with programmatic dependent
-    /// launch (PDL: a kernel may start while the previous one finishes,
-    /// hiding launch latency; docs/cuda.md).
+    /// With --device cuda: plain kernel launches instead of programmatic
+    /// dependent launch (PDL, the default: each kernel starts while the
+    /// previous one finishes and prefetches its weights into L2;
+    /// docs/cuda.md).
     #[arg(long)]
-    pub pdl: bool,
+    pub no_pdl: bool,
     /// Write the logits of every prompt position and every generated token as little-endian f32 (rows of n_vocab).
     #[arg(long)]
     pub dump_logits: Option<PathBuf>,
@@ -239,7 +240,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         ctx,
         args.f32_activations,
         args.kv_type.as_deref(),
-        args.pdl,
+        !args.no_pdl,
         &args.mem,
     )?;
     if args.dump_trace.is_some() {

@@ -48,9 +48,9 @@ enum Command {
     /// CUDA kernel self-test: every kernel against a float64 CPU reference (needs a GPU).
     #[cfg(feature = "cuda")]
     Selftest {
-        /// Launch the kernels with programmatic dependent launch (PDL, docs/cuda.md).
+        /// Plain launches instead of programmatic dependent launch (PDL, the default; docs/cuda.md).
         #[arg(long)]
-        pdl: bool,
+        no_pdl: bool,
     },
     /// CUDA decoder against the CPU engine on GGUF files: logits at every step (argmax, KL, max |dlogit|) and greedy tokens (needs a GPU).
     #[cfg(feature = "cuda")]
@@ -67,9 +67,9 @@ enum Command {
         /// KL gate (per step, CPU || GPU).
         #[arg(long, default_value_t = 1e-4)]
         kl_max: f64,
-        /// Launch the decoder's kernels with programmatic dependent launch (PDL, docs/cuda.md).
+        /// Plain launches instead of programmatic dependent launch (PDL, the default; docs/cuda.md).
         #[arg(long)]
-        pdl: bool,
+        no_pdl: bool,
     },
     /// Benchmarks.
     Bench {
@@ -106,9 +106,9 @@ enum BenchCommand {
         /// Only the decode kernels other than the GEMVs (attention, DeltaNet step).
         #[arg(long)]
         decode_only: bool,
-        /// Launch the kernels with programmatic dependent launch (PDL, docs/cuda.md).
+        /// Plain launches instead of programmatic dependent launch (PDL, the default; docs/cuda.md).
         #[arg(long)]
-        pdl: bool,
+        no_pdl: bool,
     },
 }
 
@@ -141,19 +141,23 @@ fn main() -> Result<()> {
         Command::Serve(args) => redlite_server::run(args)?,
         Command::Synth(args) => redlite_synth::cli::run(args)?,
         #[cfg(feature = "cuda")]
-        Command::Selftest { pdl } => redlite_cuda::selftest_cli(pdl)?,
+        Command::Selftest { no_pdl } => redlite_cuda::selftest_cli(!no_pdl)?,
         #[cfg(feature = "cuda")]
         Command::Parity {
             model,
             n_prompt,
             n_greedy,
             kl_max,
-            pdl,
-        } => redlite_cli::cudabench::parity_cli(&model, n_prompt, n_greedy, kl_max, pdl)?,
+            no_pdl,
+        } => redlite_cli::cudabench::parity_cli(&model, n_prompt, n_greedy, kl_max, !no_pdl)?,
         #[cfg(feature = "cuda")]
         Command::Bench {
-            what: BenchCommand::Kernels { decode_only, pdl },
-        } => redlite_cuda::bench_cli(decode_only, pdl)?,
+            what:
+                BenchCommand::Kernels {
+                    decode_only,
+                    no_pdl,
+                },
+        } => redlite_cuda::bench_cli(decode_only, !no_pdl)?,
         Command::Tokenize {
             model,
             no_special,

@@ -124,11 +124,12 @@ pub struct ModelBenchArgs {
     /// classes inside a copy of the token's graph), at each tested depth.
     #[arg(long)]
     pub profile: bool,
-    /// With --device cuda: launch every kernel with programmatic dependent
-    /// launch (PDL: a kernel may start while the previous one finishes,
-    /// hiding launch latency; docs/cuda.md).
+    /// With --device cuda: plain kernel launches instead of programmatic
+    /// dependent launch (PDL, the default: each kernel starts while the
+    /// previous one finishes and prefetches its weights into L2;
+    /// docs/cuda.md).
     #[arg(long)]
-    pub pdl: bool,
+    pub no_pdl: bool,
 }
 
 /// One test's result.
