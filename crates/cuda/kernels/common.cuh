@@ -57,16 +57,13 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 // threads. Only for memory no kernel of the token writes, or whose stale
 // lines L2 keeps coherent anyway (L2 is the point of coherence; L1 is not
 // touched).
-__device__ __forceinline__ void l2_prefetch_by(const void* p, u64 n, int tid, int nt) {
+__device__ __forceinline__ void l2_prefetch(const void* p, u64 n) {
     if (n == 0) return;
     const u64 a = (u64)p, first = a >> 7, last = (a + n - 1) >> 7;
-    for (u64 l = first + tid; l <= last; l += nt) {
+    for (u64 l = first + threadIdx.x; l <= last; l += blockDim.x) {
         const u64 addr = l == first ? a : l << 7;
         asm volatile("prefetch.L2 [%0];" ::"l"(addr));
     }
-}
-__device__ __forceinline__ void l2_prefetch(const void* p, u64 n) {
-    l2_prefetch_by(p, n, threadIdx.x, blockDim.x);
 }
 
 // The expert slot a GEMV block will read, read before `griddepcontrol.wait`

@@ -33,13 +33,6 @@
 //    adds the chosen p in that order for the renorm sum (as the CPU does).
 // crates/cuda/src/kernel_model.rs models this selection on the host and
 // checks it against a sort-based top-k.
-//
-// Prefetch (pf0..pf2 non-null): once the chosen are known, the warps other
-// than warp 0 (which goes on to rank and write them) ask L2 for the chosen
-// experts' matrices: bytes pfb_m from pf_m + slot * pfs_m, for the routed
-// gate, up and down stacks. Those GEMVs follow within microseconds and
-// find their weights in L2 or on the way; their own prefetch (gemv_q8act.cu)
-// runs before this kernel has chosen, on the previous token's slots.
 #include "common.cuh"
 
 #define ROUTER_MAX_N 1024
@@ -61,30 +54,10 @@ __device__ __forceinline__ int router_count_before(bool pred, u32* wc) {
     return before;
 }
 
-// The chosen experts' matrices into L2 (see the top), threads tid of nt.
-__device__ __forceinline__ void router_prefetch(const u32* s_win_e, int k, const u32* slot_of,
-                                                const u8* pf0, const u8* pf1, const u8* pf2,
-                                                u64 pfs0, u64 pfs1, u64 pfs2, u64 pfb0, u64 pfb1,
-                                                u64 pfb2, int tid, int nt) {
-    const u8* base[3] = {pf0, pf1, pf2};
-    const u64 stride[3] = {pfs0, pfs1, pfs2}, bytes[3] = {pfb0, pfb1, pfb2};
-    for (int m = 0; m < 3; m++) {
-        if (!base[m]) continue;
-        for (int i = 0; i < k; i++) {
-            const u32 e = s_win_e[i];
-            const u32 slot = slot_of ? slot_of[e] : e;
-            l2_prefetch_by(base[m] + (u64)slot * stride[m], bytes[m], tid, nt);
-        }
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
     router_topk(const float* __restrict__ logits, int n, int k, int norm,
                 const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
-                u32* __restrict__ experts_out, float* __restrict__ w_out,
-                const u8* __restrict__ pf0, const u8* __restrict__ pf1,
-                const u8* __restrict__ pf2, u64 pfs0, u64 pfs1, u64 pfs2, u64 pfb0, u64 pfb1,
-                u64 pfb2) {
+                u32* __restrict__ experts_out, float* __restrict__ w_out) {
     PDL_PROLOGUE();
     __shared__ float s_e[ROUTER_MAX_N];
     __shared__ float s_wmax[32];
@@ -159,11 +132,7 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
         s_win_p[pos] = p;
     }
     __syncthreads();
-    if (warp != 0) {
-        router_prefetch(s_win_e, k, slot_of, pf0, pf1, pf2, pfs0, pfs1, pfs2, pfb0, pfb1, pfb2,
-                        t - 32, (int)blockDim.x - 32);
-        return;
-    }
+    if (warp != 0) return;
 
     // lane i: chosen i; its rank in selection order (p desc, then index asc;
     // the chosen are in index order, so a lower lane = a lower index)
@@ -185,7 +154,4 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
         slots_out[lane] = slot_of ? slot_of[me] : me;
         w_out[lane] = norm ? mp / s : mp;
     }
-    if (n_warps == 1)
-        router_prefetch(s_win_e, k, slot_of, pf0, pf1, pf2, pfs0, pfs1, pfs2, pfb0, pfb1, pfb2,
-                        lane, 32);
 }

@@ -144,31 +144,6 @@ fn parse_f32_variant(v: Option<&str>) -> Option<Variant> {
     matches!(nr, 1 | 2 | 4).then(|| Variant::new(nr, x2))
 }
 
-/// Whether the router's top-k prefetches the chosen experts' matrices
-/// into L2 (full residency): `REDLITE_CUDA_TOPK_PREFETCH` = 1 (default) or
-/// 0, for A/B runs.
-fn topk_prefetch() -> Result<bool> {
-    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let v = V.get_or_init(|| {
-        parse_switch(
-            std::env::var("REDLITE_CUDA_TOPK_PREFETCH").ok().as_deref(),
-            true,
-        )
-    });
-    v.ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_TOPK_PREFETCH: expected 0 or 1".into()))
-}
-
-/// An on/off environment value: unset gives `default`, "1"/"0" on/off,
-/// anything else None.
-fn parse_switch(v: Option<&str>, default: bool) -> Option<bool> {
-    match v {
-        None => Some(default),
-        Some("1") => Some(true),
-        Some("0") => Some(false),
-        Some(_) => None,
-    }
-}
-
 /// Room for `n` int8 activations when `on` (and `n` is whole blocks of 32).
 fn q8vec(gpu: &Gpu, on: bool, n: usize) -> Result<Option<Q8Vec>> {
     if on && n.is_multiple_of(32) {
@@ -507,7 +482,6 @@ impl MoeOp {
                 &p.slots,
                 &p.experts,
                 &p.w,
-                &[],
             )?;
             let c = nx
                 .cache
@@ -526,19 +500,6 @@ impl MoeOp {
             cap.pending = Some(side.stream.record_event(None)?);
         }
         cap.mark(gpu, "MoE: top-k (+ cache plan)")?;
-        // At full residency a slot is an expert id, so the top-k can ask
-        // L2 for the chosen experts' matrices itself (with a cache the
-        // plan maps them to slots after it).
-        let mut stacks = Vec::new();
-        if x.cache.is_none() && topk_prefetch()? {
-            for s in [&x.gate, &x.up, &x.down] {
-                stacks.push(ops::SlotStack {
-                    buf: &s.buf,
-                    stride: s.stride,
-                    bytes: s.layout.matrix_bytes(s.rows, s.cols)?,
-                });
-            }
-        }
         ops::router_topk(
             gpu,
             m.router.part(0),
@@ -549,7 +510,6 @@ impl MoeOp {
             &m.slots,
             &m.experts,
             &m.w,
-            &stacks,
         )?;
         if let Some(c) = &x.cache {
             if let Some(ev) = wait {
@@ -1607,17 +1567,6 @@ mod tests {
         assert_eq!(parse_f32_variant(Some("r4x2")), Some(Variant::new(4, true)));
         for bad in ["", "r3", "2", "r1x3", "rx2", "r8x2"] {
             assert_eq!(parse_f32_variant(Some(bad)), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn switch_values() {
-        assert_eq!(parse_switch(None, true), Some(true));
-        assert_eq!(parse_switch(None, false), Some(false));
-        assert_eq!(parse_switch(Some("0"), true), Some(false));
-        assert_eq!(parse_switch(Some("1"), false), Some(true));
-        for bad in ["", "yes", "2", "on"] {
-            assert_eq!(parse_switch(Some(bad), true), None, "{bad}");
         }
     }
 }

@@ -606,19 +606,8 @@ pub fn gdn_step(
     }
 }
 
-/// A stack of per-slot matrices for [`router_topk`] to prefetch into L2:
-/// the chosen slots' first `bytes` bytes, `stride` apart from `buf`'s
-/// start.
-pub struct SlotStack<'a> {
-    pub buf: &'a CudaSlice<u8>,
-    pub stride: usize,
-    pub bytes: usize,
-}
-
 /// Router softmax + top-k over `n` logits: chosen experts (ascending),
-/// their slots (`slot_of` None: identity) and weights. `prefetch` (at most
-/// 3 stacks, each with a slot for every expert id `slot_of` can give):
-/// the chosen slots' matrices are asked into L2 as soon as they are known.
+/// their slots (`slot_of` None: identity) and weights.
 #[allow(clippy::too_many_arguments)]
 pub fn router_topk(
     gpu: &Gpu,
@@ -630,7 +619,6 @@ pub fn router_topk(
     slots: &CudaSlice<u32>,
     experts: &CudaSlice<u32>,
     w: &CudaSlice<f32>,
-    prefetch: &[SlotStack],
 ) -> Result<()> {
     ensure!(
         (1..=1024).contains(&n) && (1..=32).contains(&k) && k <= n,
@@ -638,25 +626,6 @@ pub fn router_topk(
     );
     ensure!(slots.len() >= k && experts.len() >= k && w.len() >= k);
     ensure!(slot_of.is_none_or(|s| s.len() >= n));
-    ensure!(prefetch.len() <= 3, "router: at most 3 stacks to prefetch");
-    // Without a slot table a slot is an expert id: the stacks need n slots.
-    // With one, its entries are slots of the stacks (the caller's contract).
-    for s in prefetch {
-        ensure!(
-            s.bytes <= s.stride && (slot_of.is_some() || s.buf.len() >= n.saturating_mul(s.stride)),
-            "router prefetch: a stack of {} bytes has no room for {n} slots of {}",
-            s.buf.len(),
-            s.stride
-        );
-    }
-    let mut pf = [0u64; 3];
-    let mut pfs = [0u64; 3];
-    let mut pfb = [0u64; 3];
-    for (i, s) in prefetch.iter().enumerate() {
-        pf[i] = dptr(gpu, Some(s.buf));
-        pfs[i] = s.stride as u64;
-        pfb[i] = s.bytes as u64;
-    }
     let p: [u64; 5] = [
         at_ptr(gpu, logits, n)?,
         dptr(gpu, slot_of),
@@ -669,18 +638,13 @@ pub fn router_topk(
     // with fewer warps, so no more than n needs.
     let threads = n.div_ceil(32) as u32 * 32;
     // SAFETY: router_topk(logits, n, k, norm, slot_of, slots_out,
-    // experts_out, w_out, pf0..2, pfs0..2, pfb0..2); sizes checked above
-    // (the prefetch addresses are only hints: L2 prefetches do not fault);
-    // the kernel needs 32 * ceil(n / 32) threads (<= its launch bound of
-    // 1024, as n <= 1024).
+    // experts_out, w_out); sizes checked above; the kernel needs
+    // 32 * ceil(n / 32) threads (<= its launch bound of 1024, as n <= 1024).
     unsafe {
         gpu.launch(
             "router_topk",
             cfg((1, 1), threads),
-            &[
-                &p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4], &pf[0], &pf[1], &pf[2],
-                &pfs[0], &pfs[1], &pfs[2], &pfb[0], &pfb[1], &pfb[2],
-            ],
+            &[&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]],
         )
     }
 }

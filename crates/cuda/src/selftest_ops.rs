@@ -493,29 +493,7 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
         (1024, 32, true, true),
         (7, 3, false, true),
     ] {
-        // Every other case also prefetches three stacks of n slots (the
-        // kernel's L2 hints must leave its results as they are).
-        let stride = 384;
-        let stack = gpu.stream.alloc_zeros::<u8>(n * stride)?;
-        let stacks = [
-            ops::SlotStack {
-                buf: &stack,
-                stride,
-                bytes: 300,
-            },
-            ops::SlotStack {
-                buf: &stack,
-                stride,
-                bytes: stride,
-            },
-            ops::SlotStack {
-                buf: &stack,
-                stride,
-                bytes: 16,
-            },
-        ];
-        for case in 0..4 {
-            let pf = if case % 2 == 1 { &stacks[..] } else { &[] };
+        for _ in 0..4 {
             let logits: Vec<f32> = random_vec(n, rng)
                 .iter()
                 .map(|v| {
@@ -531,7 +509,7 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             let (ld, sod) = (up(gpu, &logits)?, up(gpu, &slot_of)?);
             let (sd, ed) = (up(gpu, &vec![u32::MAX; k])?, up(gpu, &vec![u32::MAX; k])?);
             let wd = nan(gpu, k)?;
-            ops::router_topk(gpu, (&ld, 0), n, k, norm, Some(&sod), &sd, &ed, &wd, pf)?;
+            ops::router_topk(gpu, (&ld, 0), n, k, norm, Some(&sod), &sd, &ed, &wd)?;
             let wv = down(gpu, &wd)?;
             let (sv, ev) = (gpu.stream.clone_dtoh(&sd)?, gpu.stream.clone_dtoh(&ed)?);
             let ids_ok = want.iter().zip(&ev).all(|(c, &e)| c.0 == e)
