@@ -19,7 +19,7 @@ fn main() -> Result<()> {
     ] {
         std::fs::create_dir_all(&dir)?;
         for f in FILES {
-            let ptx = compile(f, trigger)?;
+            let ptx = compile(f, trigger, &[])?;
             let out = dir.join(f.name.replace(".cu", ".ptx"));
             std::fs::write(&out, ptx.to_src())?;
             println!("{} ({trigger:?} PDL trigger) -> {}", f.name, out.display());

@@ -27,6 +27,16 @@
 #include "common.cuh"
 
 #define ATT_WARPS 8
+// L2 prefetch distance of the KV loop, in steps of a warp (ATT_WARPS
+// positions each): a warp asks L2 for the K and V rows it will read
+// ATT_AHEAD steps later. The loop's own loads are one step ahead only (a
+// row per warp in flight, 8 per SM: at depth 32K that chain of DRAM round
+// trips, not the bytes, set the kernel's time); with the prefetch they hit
+// L2. 8 steps = 64 rows a block, 64 KiB of f16 rows in flight per SM.
+// 0: no prefetch (A/B: REDLITE_CUDA_DEFINES="ATT_AHEAD=0", docs/cuda.md).
+#ifndef ATT_AHEAD
+#define ATT_AHEAD 8
+#endif
 
 template <int GB>
 __device__ __forceinline__ void allreduce_heads(float* s, int lane) {
@@ -118,6 +128,38 @@ struct KvRow<u16, DPL> {
     }
 };
 
+// Lanes 0..2*LPR-1 of a warp ask L2 for K (the first LPR) and V row
+// `pos`: LPR 128-byte lines a row.
+template <typename T, int DPL>
+__device__ __forceinline__ void attn_prefetch_row(const T* kc, const T* vc, long long row_at,
+                                                  int lane) {
+    constexpr int LPR = (32 * DPL * (int)sizeof(T) + 127) / 128;
+    constexpr int PER_LINE = 128 / (int)sizeof(T);
+    if (lane < 2 * LPR) {
+        const T* b = (lane < LPR ? kc : vc) + row_at + (lane % LPR) * PER_LINE;
+        asm volatile("prefetch.L2 [%0];" ::"l"(b));
+    }
+}
+
+// Before the PDL wait: the first ATT_AHEAD steps of this block's slice
+// (positions from a depth read as a hint: the host writes it before the
+// token's graph starts; the row at the current position is this token's,
+// written by attn_prep, and only hinted). The loop prefetches the rest.
+template <typename T, int GB, int DPL>
+__device__ __forceinline__ void attn_split_prefetch(const T* kc, const T* vc, const int* pos_p,
+                                                    int n_head, int n_kv, int nsplit) {
+    constexpr int HD = 32 * DPL;
+    int n;
+    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(n) : "l"(pos_p));
+    n += 1;
+    const int ngroups = n_head / n_kv / GB, kvh = blockIdx.x / ngroups;
+    const int chunk = (n + nsplit - 1) / nsplit;
+    const int start = blockIdx.y * chunk, end = min(n, start + chunk);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int p = start + warp; p < min(end, start + ATT_AHEAD * ATT_WARPS); p += ATT_WARPS)
+        attn_prefetch_row<T, DPL>(kc, vc, ((long long)p * n_kv + kvh) * HD, lane);
+}
+
 template <typename T, int GB, int DPL>
 __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
                                                 const T* __restrict__ kc,
@@ -172,6 +214,8 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
             kn.load(kb + pn * stride);
             vn.load(vb + pn * stride);
         }
+        const int pf = p + ATT_AHEAD * ATT_WARPS;
+        if (ATT_AHEAD > 0 && pf < end) attn_prefetch_row<T, DPL>(kc, vc, pf * stride + (long long)kvh * HD, lane);
         float s[GB];
 #pragma unroll
         for (int g = 0; g < GB; g++) {
@@ -249,6 +293,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
         NAME(const float* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,    \
              const int* __restrict__ pos_p, float* __restrict__ part_o,                          \
              float* __restrict__ part_ml, int n_head, int n_kv, int nsplit, float scale) {       \
+        attn_split_prefetch<T, GB, DPL>(kc, vc, pos_p, n_head, n_kv, nsplit);                    \
         PDL_PROLOGUE();                                                                          \
         attn_split_body<T, GB, DPL>(q, kc, vc, pos_p, part_o, part_ml, n_head, n_kv, nsplit,     \
                                     scale);                                                      \

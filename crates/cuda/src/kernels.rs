@@ -249,12 +249,43 @@ pub fn parse_pdl_trigger(v: Option<&str>) -> Result<PdlTrigger> {
     }
 }
 
-/// The NVRTC options every file is compiled with.
-pub fn nvrtc_options(name: &str, trigger: PdlTrigger) -> cudarc::nvrtc::CompileOptions {
+/// `REDLITE_CUDA_DEFINES`: space-separated `NAME=VALUE` macro overrides
+/// for the kernels (tuning constants guarded by `#ifndef`, for A/B runs
+/// without a rebuild, e.g. `ATT_AHEAD=16`); names are identifiers, values
+/// integers.
+pub fn parse_defines(v: Option<&str>) -> Result<Vec<String>> {
+    let Some(v) = v else { return Ok(Vec::new()) };
+    v.split_whitespace()
+        .map(|d| {
+            let ok = d.split_once('=').is_some_and(|(n, val)| {
+                !n.is_empty()
+                    && !n.starts_with(|c: char| c.is_ascii_digit())
+                    && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && val.parse::<i64>().is_ok()
+            });
+            if ok {
+                Ok(format!("-D{d}"))
+            } else {
+                Err(CudaError::Invalid(format!(
+                    "REDLITE_CUDA_DEFINES: {d:?} is not NAME=INTEGER"
+                )))
+            }
+        })
+        .collect()
+}
+
+/// The NVRTC options every file is compiled with (`defines`: from
+/// [`parse_defines`]).
+pub fn nvrtc_options(
+    name: &str,
+    trigger: PdlTrigger,
+    defines: &[String],
+) -> cudarc::nvrtc::CompileOptions {
     let mut options = vec!["--std=c++17".to_string()];
     if trigger == PdlTrigger::Early {
         options.push("-DREDLITE_PDL_EARLY_TRIGGER".into());
     }
+    options.extend(defines.iter().cloned());
     cudarc::nvrtc::CompileOptions {
         arch: Some("sm_90"),
         name: Some(name.to_string()),
@@ -264,9 +295,13 @@ pub fn nvrtc_options(name: &str, trigger: PdlTrigger) -> cudarc::nvrtc::CompileO
 }
 
 /// Compile one file to PTX with NVRTC (loads libnvrtc at run time).
-pub fn compile(file: &KernelFile, trigger: PdlTrigger) -> Result<cudarc::nvrtc::Ptx> {
+pub fn compile(
+    file: &KernelFile,
+    trigger: PdlTrigger,
+    defines: &[String],
+) -> Result<cudarc::nvrtc::Ptx> {
     let src = expand(file.source)?;
-    match cudarc::nvrtc::compile_ptx_with_opts(&src, nvrtc_options(file.name, trigger)) {
+    match cudarc::nvrtc::compile_ptx_with_opts(&src, nvrtc_options(file.name, trigger, defines)) {
         Ok(ptx) => Ok(ptx),
         Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => Err(CudaError::Compile(
             format!("NVRTC failed on {}:\n{}", file.name, log.to_string_lossy()),
@@ -281,10 +316,12 @@ pub fn compile(file: &KernelFile, trigger: PdlTrigger) -> Result<cudarc::nvrtc::
 /// Every file compiled (in parallel threads), in [`FILES`] order.
 pub fn compile_all() -> Result<Vec<cudarc::nvrtc::Ptx>> {
     let trigger = parse_pdl_trigger(std::env::var("REDLITE_PDL_TRIGGER").ok().as_deref())?;
+    let defines = parse_defines(std::env::var("REDLITE_CUDA_DEFINES").ok().as_deref())?;
+    let defines = &defines;
     std::thread::scope(|s| {
         let hs: Vec<_> = FILES
             .iter()
-            .map(|f| s.spawn(move || compile(f, trigger)))
+            .map(|f| s.spawn(move || compile(f, trigger, defines)))
             .collect();
         hs.into_iter()
             .map(|h| {
@@ -402,12 +439,25 @@ mod tests {
             e.contains("REDLITE_PDL_TRIGGER") && e.contains("soon"),
             "{e}"
         );
-        let o = nvrtc_options("x.cu", PdlTrigger::Early).options;
+        let o = nvrtc_options("x.cu", PdlTrigger::Early, &[]).options;
         assert!(o.iter().any(|a| a == "-DREDLITE_PDL_EARLY_TRIGGER"));
-        assert!(!nvrtc_options("x.cu", PdlTrigger::Late)
+        assert!(!nvrtc_options("x.cu", PdlTrigger::Late, &[])
             .options
             .iter()
             .any(|a| a.contains("EARLY")));
+    }
+
+    #[test]
+    fn defines_parse_and_reach_the_options() {
+        assert!(parse_defines(None).unwrap().is_empty());
+        let d = parse_defines(Some(" ATT_AHEAD=16  X_2=-1 ")).unwrap();
+        assert_eq!(d, ["-DATT_AHEAD=16", "-DX_2=-1"]);
+        let o = nvrtc_options("x.cu", PdlTrigger::Late, &d).options;
+        assert!(o.contains(&"-DATT_AHEAD=16".to_string()));
+        for bad in ["ATT_AHEAD", "=3", "A=b", "2A=1", "A-B=1", "A=1;B=2"] {
+            let e = parse_defines(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("REDLITE_CUDA_DEFINES"), "{bad}: {e}");
+        }
     }
 
     #[test]
