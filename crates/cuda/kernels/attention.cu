@@ -27,15 +27,10 @@
 #include "common.cuh"
 
 #define ATT_WARPS 8
-// L2 prefetch distance of the KV loop, in steps of a warp (ATT_WARPS
-// positions each): a warp asks L2 for the K and V rows it will read
-// ATT_AHEAD steps later. The loop's own loads are one step ahead only (a
-// row per warp in flight, 8 per SM: at depth 32K that chain of DRAM round
-// trips, not the bytes, set the kernel's time); with the prefetch they hit
-// L2. 8 steps = 64 rows a block, 64 KiB of f16 rows in flight per SM.
-// 0: no prefetch (A/B: REDLITE_CUDA_DEFINES="ATT_AHEAD=0", docs/cuda.md).
-#ifndef ATT_AHEAD
-#define ATT_AHEAD 8
+// 1: two KV rows a step per warp (see attn_split_body); 0: one (A/B with
+// REDLITE_CUDA_DEFINES="ATT_PAIR=0").
+#ifndef ATT_PAIR
+#define ATT_PAIR 1
 #endif
 
 template <int GB>
@@ -98,6 +93,10 @@ template <int DPL>
 struct KvRow<float, DPL> {
     float r[DPL];
     __device__ __forceinline__ void load(const float* __restrict__ p) { load_row<DPL>(p, r); }
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) r[i] = 0.0f;
+    }
     __device__ __forceinline__ float get(int d) const { return r[d]; }
 };
 
@@ -106,6 +105,10 @@ struct KvRow<float, DPL> {
 template <int DPL>
 struct KvRow<u16, DPL> {
     u32 r[DPL / 2];
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < DPL / 2; i++) r[i] = 0u;
+    }
     __device__ __forceinline__ void load(const u16* __restrict__ p) {
         if constexpr (DPL == 8) {
             const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
@@ -127,38 +130,6 @@ struct KvRow<u16, DPL> {
         return h2f((u16)((d & 1) ? (w >> 16) : (w & 0xffffu)));
     }
 };
-
-// Lanes 0..2*LPR-1 of a warp ask L2 for K (the first LPR) and V row
-// `pos`: LPR 128-byte lines a row.
-template <typename T, int DPL>
-__device__ __forceinline__ void attn_prefetch_row(const T* kc, const T* vc, long long row_at,
-                                                  int lane) {
-    constexpr int LPR = (32 * DPL * (int)sizeof(T) + 127) / 128;
-    constexpr int PER_LINE = 128 / (int)sizeof(T);
-    if (lane < 2 * LPR) {
-        const T* b = (lane < LPR ? kc : vc) + row_at + (lane % LPR) * PER_LINE;
-        asm volatile("prefetch.L2 [%0];" ::"l"(b));
-    }
-}
-
-// Before the PDL wait: the first ATT_AHEAD steps of this block's slice
-// (positions from a depth read as a hint: the host writes it before the
-// token's graph starts; the row at the current position is this token's,
-// written by attn_prep, and only hinted). The loop prefetches the rest.
-template <typename T, int GB, int DPL>
-__device__ __forceinline__ void attn_split_prefetch(const T* kc, const T* vc, const int* pos_p,
-                                                    int n_head, int n_kv, int nsplit) {
-    constexpr int HD = 32 * DPL;
-    int n;
-    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(n) : "l"(pos_p));
-    n += 1;
-    const int ngroups = n_head / n_kv / GB, kvh = blockIdx.x / ngroups;
-    const int chunk = (n + nsplit - 1) / nsplit;
-    const int start = blockIdx.y * chunk, end = min(n, start + chunk);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int p = start + warp; p < min(end, start + ATT_AHEAD * ATT_WARPS); p += ATT_WARPS)
-        attn_prefetch_row<T, DPL>(kc, vc, ((long long)p * n_kv + kvh) * HD, lane);
-}
 
 template <typename T, int GB, int DPL>
 __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
@@ -200,6 +171,73 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
     const long long stride = (long long)n_kv * HD;
     const T* kb = kc + (long long)kvh * HD + lane * DPL;
     const T* vb = vc + (long long)kvh * HD + lane * DPL;
+#if ATT_PAIR
+    // Two rows a step (positions p and p + ATT_WARPS): their scores, head
+    // all-reduces and exponentials are independent, so each warp has two
+    // chains in flight instead of one (at depth 32K the loop was bound by
+    // that chain's latency, not by its bytes: an L2 prefetch of the rows
+    // did not help, docs/what-did-not-work.md). Both rows' K and V are
+    // loaded one step ahead. A missing second row (odd tail) scores -inf
+    // and weighs 0.
+    KvRow<T, DPL> kna, vna, knb, vnb;
+    kna.zero();
+    vna.zero();
+    knb.zero();
+    vnb.zero();
+    if (start + warp < end) {
+        kna.load(kb + (start + warp) * stride);
+        vna.load(vb + (start + warp) * stride);
+    }
+    if (start + warp + ATT_WARPS < end) {
+        knb.load(kb + (start + warp + ATT_WARPS) * stride);
+        vnb.load(vb + (start + warp + ATT_WARPS) * stride);
+    }
+    for (int p = start + warp; p < end; p += 2 * ATT_WARPS) {
+        const KvRow<T, DPL> ka = kna, va = vna, kb2 = knb, vb2 = vnb;
+        const bool has_b = p + ATT_WARPS < end;
+        const int pa = p + 2 * ATT_WARPS, pb = p + 3 * ATT_WARPS;
+        if (pa < end) {
+            kna.load(kb + pa * stride);
+            vna.load(vb + pa * stride);
+        }
+        if (pb < end) {
+            knb.load(kb + pb * stride);
+            vnb.load(vb + pb * stride);
+        }
+        float sa[GB], sb[GB];
+#pragma unroll
+        for (int g = 0; g < GB; g++) {
+            float ta = 0.0f, tb = 0.0f;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) {
+                ta = fmaf(qr[g][d], ka.get(d), ta);
+                tb = fmaf(qr[g][d], kb2.get(d), tb);
+            }
+            sa[g] = ta;
+            sb[g] = tb;
+        }
+        allreduce_heads<GB>(sa, lane);
+        allreduce_heads<GB>(sb, lane);
+#pragma unroll
+        for (int g = 0; g < GB; g++) {
+            const float ca = sa[g] * scale;
+            const float cb = has_b ? sb[g] * scale : -INFINITY;
+            const float mx = fmaxf(ca, cb);
+            if (mx > m[g]) {  // warp-uniform
+                const float corr = expf(m[g] - mx);
+                l[g] *= corr;
+#pragma unroll
+                for (int d = 0; d < DPL; d++) acc[g][d] *= corr;
+                m[g] = mx;
+            }
+            const float ea = expf(ca - m[g]), eb = expf(cb - m[g]);
+            l[g] += ea + eb;
+#pragma unroll
+            for (int d = 0; d < DPL; d++)
+                acc[g][d] = fmaf(eb, vb2.get(d), fmaf(ea, va.get(d), acc[g][d]));
+        }
+    }
+#else
     // Rows are loaded one step ahead: the next position's K and V are in
     // flight while this one is scored.
     KvRow<T, DPL> kn, vn;
@@ -214,8 +252,6 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
             kn.load(kb + pn * stride);
             vn.load(vb + pn * stride);
         }
-        const int pf = p + ATT_AHEAD * ATT_WARPS;
-        if (ATT_AHEAD > 0 && pf < end) attn_prefetch_row<T, DPL>(kc, vc, pf * stride + (long long)kvh * HD, lane);
         float s[GB];
 #pragma unroll
         for (int g = 0; g < GB; g++) {
@@ -241,6 +277,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
             for (int d = 0; d < DPL; d++) acc[g][d] = fmaf(e, vr.get(d), acc[g][d]);
         }
     }
+#endif
     // Merge the warps: M = max over warps, weights e^{m_w - M}.
     if (lane == 0) {
 #pragma unroll
@@ -293,7 +330,6 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
         NAME(const float* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,    \
              const int* __restrict__ pos_p, float* __restrict__ part_o,                          \
              float* __restrict__ part_ml, int n_head, int n_kv, int nsplit, float scale) {       \
-        attn_split_prefetch<T, GB, DPL>(kc, vc, pos_p, n_head, n_kv, nsplit);                    \
         PDL_PROLOGUE();                                                                          \
         attn_split_body<T, GB, DPL>(q, kc, vc, pos_p, part_o, part_ml, n_head, n_kv, nsplit,     \
                                     scale);                                                      \

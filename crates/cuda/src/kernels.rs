@@ -251,7 +251,7 @@ pub fn parse_pdl_trigger(v: Option<&str>) -> Result<PdlTrigger> {
 
 /// `REDLITE_CUDA_DEFINES`: space-separated `NAME=VALUE` macro overrides
 /// for the kernels (tuning constants guarded by `#ifndef`, for A/B runs
-/// without a rebuild, e.g. `ATT_AHEAD=16`); names are identifiers, values
+/// without a rebuild, e.g. `ATT_PAIR=0`); names are identifiers, values
 /// integers.
 pub fn parse_defines(v: Option<&str>) -> Result<Vec<String>> {
     let Some(v) = v else { return Ok(Vec::new()) };
