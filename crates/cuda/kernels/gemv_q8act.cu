@@ -42,6 +42,17 @@
 #include "iq_tables.cuh"
 #include "iq4nl.cuh"
 
+// An activation load: through the read-only path from global memory, or
+// a plain load when the activations sit in shared memory (XS: the fused
+// SwiGLU launches below quantize them there).
+template <bool XS, class V>
+__device__ __forceinline__ V ldx(const V* p) {
+    if constexpr (XS)
+        return *p;
+    else
+        return __ldg(p);
+}
+
 // Byte masks of 4 sign bits: bit k -> byte k = 1 (t) ; 0xff (t * 0xff).
 __device__ __forceinline__ int iq2_signed(u32 g, u32 bits4) {
     const u32 t = (bits4 * 0x00204081u) & 0x01010101u;
@@ -80,12 +91,13 @@ struct WChunk {
 // consecutive values of the row).
 template <int XV, int DX>
 struct ContigX {
+    template <bool XS>
     static __device__ __forceinline__ void load_x(const int4* xp, const float* xd, int c, int4* x,
                                                   float* dx) {
 #pragma unroll
-        for (int k = 0; k < XV; k++) x[k] = __ldg(xp + XV * c + k);
+        for (int k = 0; k < XV; k++) x[k] = ldx<XS>(xp + XV * c + k);
 #pragma unroll
-        for (int k = 0; k < DX; k++) dx[k] = __ldg(xd + DX * c + k);
+        for (int k = 0; k < DX; k++) dx[k] = ldx<XS>(xd + DX * c + k);
     }
 };
 
@@ -184,13 +196,14 @@ struct Q4KQ8 {
         w.v[1] = __ldg(reinterpret_cast<const uint4*>(blk));
         d = 0;
     }
+    template <bool XS>
     static __device__ __forceinline__ void load_x(const int4* xp, const float* xd, int c, int4* x,
                                                   float* dx) {
         // values 256b + 64p + l0 (sub-block 2p) and +32 (sub-block 2p+1)
         const int b = c >> 3, sub = c & 7, p = sub >> 1, l0 = 16 * (sub & 1);
-        x[0] = __ldg(xp + (256 * b + 64 * p + l0) / 16);
-        x[1] = __ldg(xp + (256 * b + 64 * p + 32 + l0) / 16);
-        const float2 d = __ldg(reinterpret_cast<const float2*>(xd) + 4 * b + p);
+        x[0] = ldx<XS>(xp + (256 * b + 64 * p + l0) / 16);
+        x[1] = ldx<XS>(xp + (256 * b + 64 * p + 32 + l0) / 16);
+        const float2 d = ldx<XS>(reinterpret_cast<const float2*>(xd) + 4 * b + p);
         dx[0] = d.x;
         dx[1] = d.y;
     }
@@ -253,13 +266,14 @@ struct Q6KQ8 {
         w.sc = __ldg(reinterpret_cast<const uint2*>(blk + 192 + 8 * h));
         d = __ldg(dp + (c >> 2));
     }
+    template <bool XS>
     static __device__ __forceinline__ void load_x(const int4* xp, const float* xd, int c, int4* x,
                                                   float* dx) {
         // piece j: values 256b + 128h + 32j + l0.. = int4 16b + 8h + 2j + c%2
         const int b = c >> 2, h = (c >> 1) & 1;
 #pragma unroll
-        for (int j = 0; j < 4; j++) x[j] = __ldg(xp + 16 * b + 8 * h + 2 * j + (c & 1));
-        const float4 d4 = __ldg(reinterpret_cast<const float4*>(xd) + 2 * b + h);
+        for (int j = 0; j < 4; j++) x[j] = ldx<XS>(xp + 16 * b + 8 * h + 2 * j + (c & 1));
+        const float4 d4 = ldx<XS>(reinterpret_cast<const float4*>(xd) + 2 * b + h);
         dx[0] = d4.x;
         dx[1] = d4.y;
         dx[2] = d4.z;
@@ -438,7 +452,7 @@ __device__ __forceinline__ void gemv_q8_prefetch(const u8* w0, const u8* w1, int
                        min(r0 + brows, rows));
 }
 
-template <class T, int NR, bool SG>
+template <class T, int NR, bool SG, bool XS = false>
 __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
                                              int n_first, u64 mat_bytes,
                                              const u32* __restrict__ slots,
@@ -491,8 +505,8 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
         }
         int4 xa[XV], xb[XV];
         float dxa[DX], dxb[DX];
-        T::load_x(xp, xd, c, xa, dxa);
-        if (two) T::load_x(xp, xd, c2, xb, dxb);
+        T::template load_x<XS>(xp, xd, c, xa, dxa);
+        if (two) T::template load_x<XS>(xp, xd, c2, xb, dxb);
 #pragma unroll
         for (int r = 0; r < NR; r++) acc[r] += T::dot(wa[r], h2f(da[r]), xa, dxa, grid, c);
         if (two) {
@@ -545,3 +559,55 @@ GEMV_Q8_KERNEL(gemv_iq2_xs_q8_r4, Iq2XsQ8, 4, false)
 GEMV_Q8_KERNEL(gemv_iq1_m_q8_r1, Iq1MQ8, 1, false)
 GEMV_Q8_KERNEL(gemv_iq1_m_q8_r2, Iq1MQ8, 2, false)
 GEMV_Q8_KERNEL(gemv_iq1_m_q8_r4, Iq1MQ8, 4, false)
+
+// The down projection with the SwiGLU in its prologue (`*_q8_r2_swiglu`):
+// each block computes out = SiLU(g) * u for its matrix's `cols` inputs
+// (g and u at blockIdx.y * gu_stride) and quantizes them to int8 in shared
+// memory, with swiglu's and quantize_q8_32's arithmetic (elementwise.cu,
+// common.cuh warp_q8), then runs the GEMV on them: bit for bit the
+// results of swiglu + gemv_*_q8_r2, one launch fewer a layer. Every block
+// redoes the SwiGLU of its matrix (cols values, a few KB from L2): the
+// work is cheaper than the dependent launch it replaces, and no block
+// waits for another (the "last block finishes" fusions measured slower,
+// docs/what-did-not-work.md). cols % 32 == 0, cols <= SWIGLU_MAX_COLS and
+// cols = the matrix's columns (checked by the launcher); all matrices from
+// w (n_first = the grid's y).
+#define SWIGLU_MAX_COLS 2048
+template <class T, int NR>
+__device__ __forceinline__ void gemv_q8_swiglu_body(const u8* __restrict__ w, u64 mat_bytes,
+                                                    const u32* __restrict__ slots,
+                                                    const float* __restrict__ g,
+                                                    const float* __restrict__ u,
+                                                    long long gu_stride, int cols,
+                                                    float* __restrict__ y, int rows, int nb) {
+    __shared__ __align__(16) signed char sxq[SWIGLU_MAX_COLS];
+    __shared__ __align__(16) float sxd[SWIGLU_MAX_COLS / 32];
+    const long long off = (long long)blockIdx.y * gu_stride;
+    // Whole warps per step (blockDim and cols are multiples of 32), as
+    // warp_q8 needs.
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = __fmul_rn(silu_f(g[off + i]), u[off + i]);
+        warp_q8(v, i, sxq, sxd);
+    }
+    __syncthreads();
+    gemv_q8_body<T, NR, false, true>(w, w, (int)gridDim.y, mat_bytes, slots, sxq, sxd, 0, y, rows,
+                                     nb);
+}
+
+#define GEMV_Q8_SWIGLU_KERNEL(NAME, T, NR)                                                      \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                               \
+        NAME(const u8* __restrict__ w, u64 mat_bytes, const u32* __restrict__ slots,            \
+             const float* __restrict__ g, const float* __restrict__ u, long long gu_stride,     \
+             int cols, float* __restrict__ y, int rows, int nb) {                               \
+        gemv_q8_prefetch<T, NR>(w, w, (int)gridDim.y, mat_bytes, slots, rows, nb);              \
+        PDL_PROLOGUE();                                                                         \
+        gemv_q8_swiglu_body<T, NR>(w, mat_bytes, slots, g, u, gu_stride, cols, y, rows, nb);   \
+    }
+
+GEMV_Q8_SWIGLU_KERNEL(gemv_iq2_xxs_q8_r2_swiglu, Iq2Q8<false>, 2)
+GEMV_Q8_SWIGLU_KERNEL(gemv_q8_0_q8_r2_swiglu, Q80Q8, 2)
+GEMV_Q8_SWIGLU_KERNEL(gemv_q4_k_q8_r2_swiglu, Q4KQ8, 2)
+GEMV_Q8_SWIGLU_KERNEL(gemv_iq4_nl_q8_r2_swiglu, Iq4NlQ8, 2)
+GEMV_Q8_SWIGLU_KERNEL(gemv_q6_k_q8_r2_swiglu, Q6KQ8, 2)
+GEMV_Q8_SWIGLU_KERNEL(gemv_iq2_xs_q8_r2_swiglu, Iq2XsQ8, 2)
+GEMV_Q8_SWIGLU_KERNEL(gemv_iq1_m_q8_r2_swiglu, Iq1MQ8, 2)

@@ -22,7 +22,10 @@
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
 use crate::expert_cache::{read_counters, CacheCounters, HostExperts, HostSet, LayerCache};
-use crate::gemv::{expert_image, DeviceMatrix, ExpertStack, Q8Vec, Variant, DEFAULT_NR, Q8_TYPES};
+use crate::gemv::{
+    expert_image, swiglu_fusable, DeviceMatrix, ExpertStack, GateUp, Q8Vec, Variant, DEFAULT_NR,
+    Q8_TYPES,
+};
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
@@ -142,6 +145,33 @@ fn parse_f32_variant(v: Option<&str>) -> Option<Variant> {
     };
     let nr: u32 = nr.strip_prefix('r')?.parse().ok()?;
     matches!(nr, 1 | 2 | 4).then(|| Variant::new(nr, x2))
+}
+
+/// Whether the SwiGLU of the routed and shared experts runs in the
+/// prologue of their down GEMV (`*_q8_r2_swiglu`, one launch fewer per
+/// FFN, bit-identical results: `redlite selftest`) instead of its own
+/// launch: `REDLITE_CUDA_FUSE_SWIGLU` = 1, or 0 (the default until an A/B
+/// on the GPU shows it pays; `STEPS=envab` in bench/gpu/cuda.sh).
+fn swiglu_fusion() -> Result<bool> {
+    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let v = V.get_or_init(|| {
+        parse_switch(
+            std::env::var("REDLITE_CUDA_FUSE_SWIGLU").ok().as_deref(),
+            false,
+        )
+    });
+    v.ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_FUSE_SWIGLU: expected 0 or 1".into()))
+}
+
+/// An on/off environment value: unset gives `default`, "1"/"0" on/off,
+/// anything else None.
+fn parse_switch(v: Option<&str>, default: bool) -> Option<bool> {
+    match v {
+        None => Some(default),
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        Some(_) => None,
+    }
 }
 
 /// Room for `n` int8 activations when `on` (and `n` is whole blocks of 32).
@@ -420,6 +450,19 @@ impl FfnOp {
         match (&mut self.gu, hq) {
             (Some(gu), Some(hq)) if hq.n >= self.gate.cols => {
                 self.gate.gemv_q8_pair(&self.up, gpu, hq, gu, DEFAULT_NR)?;
+                if swiglu_fusion()?
+                    && self.gq.is_some()
+                    && self.down.cols == ff
+                    && swiglu_fusable(self.down.layout.ty, ff)
+                {
+                    let x = GateUp {
+                        gu: &*gu,
+                        g_at: 0,
+                        u_at: ff,
+                        stride: 0,
+                    };
+                    return self.down.gemv_q8_swiglu(gpu, x, &mut self.out);
+                }
                 ops::swiglu(gpu, (gu, 0), (gu, ff), &self.g, self.gq.as_ref(), ff)?;
             }
             _ => {
@@ -650,12 +693,22 @@ impl Op {
                 let k = x.k;
                 let ff = x.gate.rows;
                 let kf = k * ff;
+                // The SwiGLU in the down GEMV's prologue (opt-in, see
+                // swiglu_fusion).
+                let fuse = swiglu_fusion()?
+                    && m.actq.is_some()
+                    && m.ygu.is_some()
+                    && hq.is_some()
+                    && x.down.cols == ff
+                    && swiglu_fusable(x.down.layout.ty, ff);
                 match (&mut m.ygu, hq) {
                     (Some(ygu), Some(hq)) => {
                         ExpertStack::gemv_gate_up_q8(
                             &x.gate, &x.up, gpu, &m.slots, k, hq, ygu, DEFAULT_NR,
                         )?;
-                        ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, m.actq.as_ref(), kf)?;
+                        if !fuse {
+                            ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, m.actq.as_ref(), kf)?;
+                        }
                     }
                     _ => {
                         x.gate
@@ -665,12 +718,21 @@ impl Op {
                     }
                 }
                 cap.mark(gpu, "MoE: routed experts down GEMV")?;
-                match &m.actq {
-                    Some(q) => {
+                match (&m.actq, &m.ygu) {
+                    (Some(_), Some(ygu)) if fuse => {
+                        let gu = GateUp {
+                            gu: ygu,
+                            g_at: 0,
+                            u_at: kf,
+                            stride: ff,
+                        };
+                        x.down.gemv_q8_swiglu(gpu, &m.slots, k, gu, &mut m.yd)?;
+                    }
+                    (Some(q), _) => {
                         x.down
                             .gemv_q8(gpu, &m.slots, k, q, ff, &mut m.yd, DEFAULT_NR)?;
                     }
-                    None => x
+                    (None, _) => x
                         .down
                         .gemv(gpu, &m.slots, k, &m.yg, ff, &mut m.yd, DEFAULT_NR)?,
                 }
@@ -1567,6 +1629,17 @@ mod tests {
         assert_eq!(parse_f32_variant(Some("r4x2")), Some(Variant::new(4, true)));
         for bad in ["", "r3", "2", "r1x3", "rx2", "r8x2"] {
             assert_eq!(parse_f32_variant(Some(bad)), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn switch_values() {
+        assert_eq!(parse_switch(None, true), Some(true));
+        assert_eq!(parse_switch(None, false), Some(false));
+        assert_eq!(parse_switch(Some("0"), true), Some(false));
+        assert_eq!(parse_switch(Some("1"), false), Some(true));
+        for bad in ["", "yes", "2", "on"] {
+            assert_eq!(parse_switch(Some(bad), true), None, "{bad}");
         }
     }
 }

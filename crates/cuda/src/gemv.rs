@@ -647,6 +647,131 @@ impl ExpertStack {
     }
 }
 
+/// Most inputs the SwiGLU-prologue kernels hold (`SWIGLU_MAX_COLS` in
+/// `gemv_q8act.cu`).
+pub const SWIGLU_MAX_COLS: usize = 2048;
+
+/// Whether `gemv_q8_swiglu` has a kernel for matrices of `ty` with `cols`
+/// columns: a format with int8 kernels and whole 32-groups that fit the
+/// kernel's shared memory.
+pub fn swiglu_fusable(ty: GgmlType, cols: usize) -> bool {
+    Q8_TYPES.contains(&ty) && cols.is_multiple_of(32) && (32..=SWIGLU_MAX_COLS).contains(&cols)
+}
+
+/// The gate/up outputs a SwiGLU-prologue launch reads: matrix i's SwiGLU
+/// inputs are `gu[g_at + i*stride ..][..cols]` (gate) and
+/// `gu[u_at + i*stride ..][..cols]` (up).
+pub struct GateUp<'a> {
+    pub gu: &'a CudaSlice<f32>,
+    pub g_at: usize,
+    pub u_at: usize,
+    pub stride: usize,
+}
+
+impl DeviceMatrix {
+    /// `y = self · SwiGLU(gate, up)` with the SwiGLU and its int8
+    /// quantization in the launch (bit for bit `ops::swiglu` into a
+    /// [`Q8Vec`] + [`DeviceMatrix::gemv_q8`] at [`DEFAULT_NR`] rows).
+    pub fn gemv_q8_swiglu(&self, gpu: &Gpu, x: GateUp, y: &mut CudaSlice<f32>) -> Result<()> {
+        ensure!(y.len() >= self.rows, "gemv_q8_swiglu: short y");
+        launch_q8_swiglu(
+            gpu,
+            &self.layout,
+            &self.buf,
+            self.bytes() as u64,
+            None,
+            1,
+            x,
+            y,
+            (self.rows, self.cols),
+        )
+    }
+}
+
+impl ExpertStack {
+    /// The routed experts' down projection of the `n` experts in `slots`,
+    /// expert i on the SwiGLU of its gate/up outputs (see
+    /// [`DeviceMatrix::gemv_q8_swiglu`]); y as [`ExpertStack::gemv_q8`].
+    pub fn gemv_q8_swiglu(
+        &self,
+        gpu: &Gpu,
+        slots: &CudaSlice<u32>,
+        n: usize,
+        x: GateUp,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        ensure!(slots.len() >= n && n >= 1, "gemv_q8_swiglu: {n} experts");
+        ensure!(y.len() >= n * self.rows, "gemv_q8_swiglu experts: short y");
+        launch_q8_swiglu(
+            gpu,
+            &self.layout,
+            &self.buf,
+            self.stride as u64,
+            Some(slots),
+            n,
+            x,
+            y,
+            (self.rows, self.cols),
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_q8_swiglu(
+    gpu: &Gpu,
+    layout: &DeviceLayout,
+    w: &CudaSlice<u8>,
+    mat_bytes: u64,
+    slots: Option<&CudaSlice<u32>>,
+    n_mats: usize,
+    x: GateUp,
+    y: &mut CudaSlice<f32>,
+    (rows, cols): (usize, usize),
+) -> Result<()> {
+    ensure!(
+        swiglu_fusable(layout.ty, cols),
+        "gemv_q8_swiglu: no kernel for {:?} with {cols} columns",
+        layout.ty
+    );
+    ensure!((1..=65535).contains(&n_mats), "gemv: {n_mats} matrices");
+    let last = (n_mats - 1) * x.stride + cols;
+    ensure!(
+        x.gu.len() >= x.g_at + last && x.gu.len() >= x.u_at + last,
+        "gemv_q8_swiglu: short gate/up"
+    );
+    let nb = layout.blocks_per_row(cols)?;
+    ensure!((1..=i32::MAX as usize).contains(&rows) && nb <= i32::MAX as usize / 4);
+    let name = format!("{}_swiglu", q8_kernel_name(layout.ty, DEFAULT_NR)?);
+    let spr = q8_lanes_per_row(nb * q8_chunks_per_block(layout.ty));
+    let rows_per_block = GEMV_WARPS * DEFAULT_NR * (32 / spr);
+    let cfg = LaunchConfig {
+        grid_dim: ((rows as u32).div_ceil(rows_per_block), n_mats as u32, 1),
+        block_dim: (GEMV_WARPS * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let base = dptr(gpu, Some(x.gu));
+    let (gp, up) = (base + 4 * x.g_at as u64, base + 4 * x.u_at as u64);
+    let (wp, sp, yp) = (dptr(gpu, Some(w)), dptr(gpu, slots), dptr(gpu, Some(&*y)));
+    let (stride, cols_i, rows_i, nb_i) = (x.stride as i64, cols as i32, rows as i32, nb as i32);
+    // SAFETY: the argument list matches GEMV_Q8_SWIGLU_KERNEL in
+    // gemv_q8act.cu (u8*, u64, u32* or null, f32*, f32*, i64, i32, f32*,
+    // i32, i32); w holds n_mats matrices (or every slot `slots` names) of
+    // `mat_bytes` >= rows*nb*block bytes in the device layout of `layout`
+    // (a format with a q8 kernel and cols whole 32-groups <= the kernel's
+    // shared arrays: swiglu_fusable); gate and up hold (n_mats-1)*stride +
+    // cols floats from their offsets and y n_mats*rows (checked here and
+    // by the callers).
+    unsafe {
+        gpu.launch(
+            &name,
+            cfg,
+            &[
+                &wp, &mat_bytes, &sp, &gp, &up, &stride, &cols_i, &yp, &rows_i, &nb_i,
+            ],
+        )
+    }
+}
+
 struct Q8Launch<'a> {
     layout: &'a DeviceLayout,
     v: Q8Variant,

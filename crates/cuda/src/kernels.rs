@@ -192,6 +192,13 @@ pub const FILES: &[KernelFile] = &[
             "gemv_iq1_m_q8_r1",
             "gemv_iq1_m_q8_r2",
             "gemv_iq1_m_q8_r4",
+            "gemv_iq2_xxs_q8_r2_swiglu",
+            "gemv_q8_0_q8_r2_swiglu",
+            "gemv_q4_k_q8_r2_swiglu",
+            "gemv_iq4_nl_q8_r2_swiglu",
+            "gemv_q6_k_q8_r2_swiglu",
+            "gemv_iq2_xs_q8_r2_swiglu",
+            "gemv_iq1_m_q8_r2_swiglu",
         ],
     },
 ];
