@@ -435,11 +435,20 @@ __device__ __forceinline__ int q8_lanes_per_row(int nch) {
 
 // The rows a block of gemv_q8_body reads, into L2, before the PDL wait.
 // The slot is read as a hint: right after the top-k it is still the
-// previous token's (the body reads it again after the wait).
+// previous token's (the body reads it again after the wait). That launch
+// is the routed gate|up (two stacks: n_first < the grid's y); at full
+// residency its prefetch is of the previous token's experts, so
+// GEMV_PAIR_PREFETCH=0 (REDLITE_CUDA_DEFINES) skips it, for an A/B: the
+// stale bytes compete with the right ones when the wait returns, but
+// consecutive tokens of a real model share some experts.
+#ifndef GEMV_PAIR_PREFETCH
+#define GEMV_PAIR_PREFETCH 1
+#endif
 template <class T, int NR>
 __device__ __forceinline__ void gemv_q8_prefetch(const u8* w0, const u8* w1, int n_first,
                                                  u64 mat_bytes, const u32* slots, int rows,
                                                  int nb) {
+    if (!GEMV_PAIR_PREFETCH && slots && n_first < (int)gridDim.y) return;
     const int m = blockIdx.y;
     const bool second = m >= n_first;
     const int mi = second ? m - n_first : m;
