@@ -36,9 +36,8 @@ LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
 n_cu=$(ls crates/cuda/kernels/*.cu | wc -l)
 n_ptx=$(ls "$out"/*.ptx | wc -l)
 [ "$n_cu" = "$n_ptx" ] || { echo "ERROR: $n_cu .cu files but $n_ptx PTX files" >&2; exit 1; }
-[ "$n_cu" = "$(ls "$out"/early/*.ptx | wc -l)" ] || { echo "ERROR: early-trigger PTX missing" >&2; exit 1; }
-echo "==> PDL: one griddepcontrol.wait per kernel entry (both trigger placements)"
-for p in "$out"/*.ptx "$out"/early/*.ptx; do
+echo "==> PDL: one griddepcontrol.wait per kernel entry"
+for p in "$out"/*.ptx; do
   # --pdl is only correct if every kernel waits for its predecessor
   # (PDL_PROLOGUE in common.cuh); count in the PTX, after macro expansion.
   n_entry=$(grep -c '\.entry ' "$p" || true)

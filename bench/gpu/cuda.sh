@@ -16,13 +16,12 @@
 #   variants  (not in the default list) decode tok/s at depth 0 for each
 #             router GEMV variant in F32_GEMVS (REDLITE_CUDA_F32_GEMV,
 #             docs/cuda.md), ROUNDS rounds alternating
-#   pdl       (not in the default list) decode tok/s at PDL_DEPTHS (default
-#             0,32768): plain launches (--no-pdl), PDL with the late
-#             trigger (the default), PDL with the early one
-#             (REDLITE_PDL_TRIGGER=early), ROUNDS rounds alternating
-#   envab     (not in the default list) decode tok/s at AB_DEPTHS (default
-#             0,32768) under each environment assignment of AB (e.g.
-#             "REDLITE_CUDA_TOPK_PREFETCH=1 REDLITE_CUDA_TOPK_PREFETCH=0"),
+#   pdl       (not in the default list) decode tok/s at AB_DEPTHS (default
+#             0,32768): PDL launches (the default) and plain ones
+#             (--no-pdl), ROUNDS rounds alternating
+#   envab     (not in the default list) decode tok/s at AB_DEPTHS under
+#             each environment assignment of AB (e.g.
+#             "REDLITE_CUDA_FUSE_SWIGLU=0 REDLITE_CUDA_FUSE_SWIGLU=1"),
 #             ROUNDS rounds alternating
 # NO_PDL=1 adds --no-pdl to selftest, parity, tiny and bench.
 set -uo pipefail
@@ -33,6 +32,12 @@ exec > >(tee -a "$OUT/cuda.log") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fail=0
 P="${NO_PDL:+--no-pdl}"
+# decode_rows DEPTHS [args...]: the result rows of one decode benchmark of
+# the synth file $M.
+decode_rows() {
+  local d=$1; shift
+  timeout 200 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d "$d" -r 3 "$@" 2>/dev/null | grep "^| qwen"
+}
 for s in ${STEPS:-selftest parity kernels tiny bench}; do
   case $s in
     selftest) echo "== selftest"; timeout 300 "$R" selftest $P || fail=1 ;;
@@ -54,27 +59,21 @@ for s in ${STEPS:-selftest parity kernels tiny bench}; do
       for round in $(seq "${ROUNDS:-2}"); do
         for v in ${F32_GEMVS:-r1x2 r2 r1}; do
           echo "== round $round: REDLITE_CUDA_F32_GEMV=$v"
-          REDLITE_CUDA_F32_GEMV=$v timeout 150 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d 0 -r 3 2>/dev/null | grep "^| qwen"
+          REDLITE_CUDA_F32_GEMV=$v decode_rows 0
         done
       done ;;
     pdl)
       M=$(synth_file "$LAYOUT")
       for round in $(seq "${ROUNDS:-2}"); do
-        for v in plain late early; do
-          echo "== round $round: launches $v"
-          case $v in
-            plain) timeout 200 "$R" bench model --no-pdl -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
-            late) timeout 200 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
-            early) REDLITE_PDL_TRIGGER=early timeout 200 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d "${PDL_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen" ;;
-          esac
-        done
+        echo "== round $round: PDL launches"; decode_rows "${AB_DEPTHS:-0,32768}"
+        echo "== round $round: plain launches"; decode_rows "${AB_DEPTHS:-0,32768}" --no-pdl
       done ;;
     envab)
       M=$(synth_file "$LAYOUT")
       for round in $(seq "${ROUNDS:-2}"); do
         for v in ${AB:?set AB}; do
           echo "== round $round: $v"
-          env "$v" timeout 200 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d "${AB_DEPTHS:-0,32768}" -r 3 2>/dev/null | grep "^| qwen"
+          (export "$v"; decode_rows "${AB_DEPTHS:-0,32768}")
         done
       done ;;
     *) echo "unknown step $s"; fail=1 ;;

@@ -27,11 +27,6 @@
 #include "common.cuh"
 
 #define ATT_WARPS 8
-// 1: two KV rows a step per warp (see attn_split_body); 0: one (A/B with
-// REDLITE_CUDA_DEFINES="ATT_PAIR=0").
-#ifndef ATT_PAIR
-#define ATT_PAIR 1
-#endif
 
 template <int GB>
 __device__ __forceinline__ void allreduce_heads(float* s, int lane) {
@@ -171,12 +166,12 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
     const long long stride = (long long)n_kv * HD;
     const T* kb = kc + (long long)kvh * HD + lane * DPL;
     const T* vb = vc + (long long)kvh * HD + lane * DPL;
-#if ATT_PAIR
     // Two rows a step (positions p and p + ATT_WARPS): their scores, head
     // all-reduces and exponentials are independent, so each warp has two
     // chains in flight instead of one (at depth 32K the loop was bound by
     // that chain's latency, not by its bytes: an L2 prefetch of the rows
-    // did not help, docs/what-did-not-work.md). Both rows' K and V are
+    // did not help, docs/what-did-not-work.md; one row a step was 2.4%
+    // slower, bench/RESULTS.md). Both rows' K and V are
     // loaded one step ahead. A missing second row (odd tail) scores -inf
     // and weighs 0.
     KvRow<T, DPL> kna, vna, knb, vnb;
@@ -237,47 +232,6 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
                 acc[g][d] = fmaf(eb, vb2.get(d), fmaf(ea, va.get(d), acc[g][d]));
         }
     }
-#else
-    // Rows are loaded one step ahead: the next position's K and V are in
-    // flight while this one is scored.
-    KvRow<T, DPL> kn, vn;
-    if (start + warp < end) {
-        kn.load(kb + (start + warp) * stride);
-        vn.load(vb + (start + warp) * stride);
-    }
-    for (int p = start + warp; p < end; p += ATT_WARPS) {
-        const KvRow<T, DPL> kr = kn, vr = vn;
-        const int pn = p + ATT_WARPS;
-        if (pn < end) {
-            kn.load(kb + pn * stride);
-            vn.load(vb + pn * stride);
-        }
-        float s[GB];
-#pragma unroll
-        for (int g = 0; g < GB; g++) {
-            float t = 0.0f;
-#pragma unroll
-            for (int d = 0; d < DPL; d++) t = fmaf(qr[g][d], kr.get(d), t);
-            s[g] = t;
-        }
-        allreduce_heads<GB>(s, lane);
-#pragma unroll
-        for (int g = 0; g < GB; g++) {
-            const float sc = s[g] * scale;
-            if (sc > m[g]) {  // warp-uniform: every lane holds the same sc
-                const float corr = expf(m[g] - sc);
-                l[g] *= corr;
-#pragma unroll
-                for (int d = 0; d < DPL; d++) acc[g][d] *= corr;
-                m[g] = sc;
-            }
-            const float e = expf(sc - m[g]);
-            l[g] += e;
-#pragma unroll
-            for (int d = 0; d < DPL; d++) acc[g][d] = fmaf(e, vr.get(d), acc[g][d]);
-        }
-    }
-#endif
     // Merge the warps: M = max over warps, weights e^{m_w - M}.
     if (lane == 0) {
 #pragma unroll

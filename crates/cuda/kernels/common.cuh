@@ -35,59 +35,43 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 // The trigger comes after the wait: the next kernel is then launched while
 // this one computes, so it prefetches during this kernel's work, and when
 // a kernel starts every kernel two or more before it has completed (the
-// routed experts' down GEMV may read its slots early). Compiled with
-// REDLITE_PDL_EARLY_TRIGGER (environment `REDLITE_PDL_TRIGGER=early`) the
-// trigger comes first, letting launches run further ahead.
-#ifdef REDLITE_PDL_EARLY_TRIGGER
-#define PDL_PROLOGUE()            \
-    do {                          \
-        pdl_launch_dependents();  \
-        pdl_wait();               \
-    } while (0)
-#else
+// routed experts' down GEMV may read its slots early). The trigger first
+// let launches run further ahead and measured slower
+// (docs/what-did-not-work.md).
 #define PDL_PROLOGUE()            \
     do {                          \
         pdl_wait();               \
         pdl_launch_dependents();  \
     } while (0)
-#endif
 
 // Ask L2 for the bytes [p, p + n) (a hint: no fault, no data returned),
 // one 128-byte line per instruction, the lines spread over the block's
 // threads. Only for memory no kernel of the token writes, or whose stale
 // lines L2 keeps coherent anyway (L2 is the point of coherence; L1 is not
 // touched).
+__device__ __forceinline__ void l2_prefetch_line(const void* p) {
+    asm volatile("prefetch.L2 [%0];" ::"l"(p));
+}
 __device__ __forceinline__ void l2_prefetch(const void* p, u64 n) {
     if (n == 0) return;
     const u64 a = (u64)p, first = a >> 7, last = (a + n - 1) >> 7;
-    for (u64 l = first + threadIdx.x; l <= last; l += blockDim.x) {
-        const u64 addr = l == first ? a : l << 7;
-        asm volatile("prefetch.L2 [%0];" ::"l"(addr));
-    }
+    for (u64 l = first + threadIdx.x; l <= last; l += blockDim.x)
+        l2_prefetch_line((const void*)(l == first ? a : l << 7));
 }
 
-// The expert slot a GEMV block will read, read before `griddepcontrol.wait`
-// to aim its prefetch, or false where that is not safe. Cached in L2 only
+// The expert slot a GEMV block will read (i itself without a slot table),
+// read before `griddepcontrol.wait` to aim its prefetch. Cached in L2 only
 // (`.cg`), so that no stale line stays in this SM's L1 for the
 // non-coherent loads after the wait. The value may be stale, so it only
-// steers hints: with the late trigger the kernel two launches back has
-// completed, so the slots hold either this token's (the cache plan ran
-// two or more kernels back) or the previous token's, both slots of the
-// stack. With the early trigger a top-k that writes expert ids (cache
-// mode: not yet slots) may still be running, so slot launches skip the
-// prefetch.
-__device__ __forceinline__ bool slot_hint(const u32* slots, int i, u32* slot) {
-#ifdef REDLITE_PDL_EARLY_TRIGGER
-    if (slots) return false;
-#endif
-    if (!slots) {
-        *slot = (u32)i;
-        return true;
-    }
+// steers hints: the kernel two launches back has completed (the trigger
+// comes after the wait), so the slots hold either this token's (the cache
+// plan ran two or more kernels back) or the previous token's, both slots
+// of the stack.
+__device__ __forceinline__ u32 slot_hint(const u32* slots, int i) {
+    if (!slots) return (u32)i;
     u32 v;
     asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(slots + i));
-    *slot = v;
-    return true;
+    return v;
 }
 // No math headers under NVRTC: infinity by its bits.
 #define INFINITY __int_as_float(0x7f800000)

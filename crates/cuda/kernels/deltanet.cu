@@ -258,7 +258,7 @@ __device__ __noinline__ void gdn_prefetch(const float* state, int dk, int dv) {
     const float* st = state + (long long)h * dk * dv + c * W;
     const int lpr = (W + 31) / 32;  // 128-byte lines per row slice
     for (int e = threadIdx.x; e < dk * lpr; e += blockDim.x)
-        asm volatile("prefetch.L2 [%0];" ::"l"(st + (long long)(e / lpr) * dv + 32 * (e % lpr)));
+        l2_prefetch_line(st + (long long)(e / lpr) * dv + 32 * (e % lpr));
 }
 
 #define GDN_PARAMS                                                                                \

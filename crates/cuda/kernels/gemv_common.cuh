@@ -54,9 +54,7 @@ template <class T, int NR>
 __device__ __forceinline__ void gemv_prefetch(const u8* w, u64 mat_bytes, const u32* slots,
                                               int rows, int nb) {
     const int m = blockIdx.y;
-    u32 slot;
-    if (!slot_hint(slots, m, &slot)) return;
-    const u8* base = w + (u64)slot * mat_bytes;
+    const u8* base = w + (u64)slot_hint(slots, m) * mat_bytes;
     const int r0 = blockIdx.x * GEMV_WARPS * NR;
     gemv_prefetch_rows(base, rows, nb, T::PAYLOAD, 2 * side_words<T>::v, r0,
                        min(r0 + GEMV_WARPS * NR, rows));

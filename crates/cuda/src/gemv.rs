@@ -62,7 +62,7 @@ pub fn kernel_name(ty: GgmlType, v: impl Into<Variant>) -> Result<String> {
     Ok(format!("gemv_{tag}_r{nr}{}", if x2 { "x2" } else { "" }))
 }
 
-/// The formats with int8-activation kernels (`kernels/gemv_q8act.cu`).
+/// The formats with int8-activation kernels (`kernels/gemv_q8act.cuh`).
 pub const Q8_TYPES: [GgmlType; 7] = [
     GgmlType::IQ2_XXS,
     GgmlType::Q8_0,
@@ -118,7 +118,7 @@ pub(crate) fn q8_chunks_per_block(ty: GgmlType) -> usize {
     }
 }
 
-/// Lanes serving one row in `gemv_q8act.cu` (`q8_lanes_per_row` there):
+/// Lanes serving one row in `gemv_q8act.cuh` (`q8_lanes_per_row` there):
 /// the largest power of two <= the row's lane chunks, in 4..=32.
 pub fn q8_lanes_per_row(nch: usize) -> u32 {
     match nch {
@@ -648,7 +648,7 @@ impl ExpertStack {
 }
 
 /// Most inputs the SwiGLU-prologue kernels hold (`SWIGLU_MAX_COLS` in
-/// `gemv_q8act.cu`).
+/// `gemv_q8_swiglu.cu`).
 pub const SWIGLU_MAX_COLS: usize = 2048;
 
 /// Whether `gemv_q8_swiglu` has a kernel for matrices of `ty` with `cols`
@@ -733,28 +733,21 @@ fn launch_q8_swiglu(
         "gemv_q8_swiglu: no kernel for {:?} with {cols} columns",
         layout.ty
     );
-    ensure!((1..=65535).contains(&n_mats), "gemv: {n_mats} matrices");
+    ensure!(n_mats >= 1, "gemv: no matrices");
     let last = (n_mats - 1) * x.stride + cols;
     ensure!(
         x.gu.len() >= x.g_at + last && x.gu.len() >= x.u_at + last,
         "gemv_q8_swiglu: short gate/up"
     );
     let nb = layout.blocks_per_row(cols)?;
-    ensure!((1..=i32::MAX as usize).contains(&rows) && nb <= i32::MAX as usize / 4);
     let name = format!("{}_swiglu", q8_kernel_name(layout.ty, DEFAULT_NR)?);
-    let spr = q8_lanes_per_row(nb * q8_chunks_per_block(layout.ty));
-    let rows_per_block = GEMV_WARPS * DEFAULT_NR * (32 / spr);
-    let cfg = LaunchConfig {
-        grid_dim: ((rows as u32).div_ceil(rows_per_block), n_mats as u32, 1),
-        block_dim: (GEMV_WARPS * 32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = q8_grid(layout.ty, DEFAULT_NR, nb, rows, n_mats)?;
     let base = dptr(gpu, Some(x.gu));
     let (gp, up) = (base + 4 * x.g_at as u64, base + 4 * x.u_at as u64);
     let (wp, sp, yp) = (dptr(gpu, Some(w)), dptr(gpu, slots), dptr(gpu, Some(&*y)));
     let (stride, cols_i, rows_i, nb_i) = (x.stride as i64, cols as i32, rows as i32, nb as i32);
     // SAFETY: the argument list matches GEMV_Q8_SWIGLU_KERNEL in
-    // gemv_q8act.cu (u8*, u64, u32* or null, f32*, f32*, i64, i32, f32*,
+    // gemv_q8_swiglu.cu (u8*, u64, u32* or null, f32*, f32*, i64, i32, f32*,
     // i32, i32); w holds n_mats matrices (or every slot `slots` names) of
     // `mat_bytes` >= rows*nb*block bytes in the device layout of `layout`
     // (a format with a q8 kernel and cols whole 32-groups <= the kernel's
@@ -787,23 +780,26 @@ struct Q8Launch<'a> {
     cols: usize,
 }
 
+/// The grid of the int8-activation kernels (`gemv_q8act.cuh`): blocks of
+/// GEMV_WARPS warps, each warp `nr` rows per lane group, over `n_mats`
+/// matrices of `rows` x `nb` blocks of format `ty`.
+fn q8_grid(ty: GgmlType, nr: u32, nb: usize, rows: usize, n_mats: usize) -> Result<LaunchConfig> {
+    ensure!((1..=65535).contains(&n_mats), "gemv: {n_mats} matrices");
+    ensure!((1..=i32::MAX as usize).contains(&rows) && nb <= i32::MAX as usize / 4);
+    let spr = q8_lanes_per_row(nb * q8_chunks_per_block(ty));
+    let rows_per_block = GEMV_WARPS * nr * (32 / spr);
+    Ok(LaunchConfig {
+        grid_dim: ((rows as u32).div_ceil(rows_per_block), n_mats as u32, 1),
+        block_dim: (GEMV_WARPS * 32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
 fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
     ensure!(a.x_stride.is_multiple_of(32), "gemv_q8: x_stride % 32");
     let nb = a.layout.blocks_per_row(a.cols)?;
-    ensure!(
-        (1..=65535).contains(&a.n_mats),
-        "gemv: {} matrices",
-        a.n_mats
-    );
-    ensure!((1..=i32::MAX as usize).contains(&a.rows) && nb <= i32::MAX as usize / 4);
     let name = q8_kernel_name(a.layout.ty, a.v)?;
-    let spr = q8_lanes_per_row(nb * q8_chunks_per_block(a.layout.ty));
-    let rows_per_block = GEMV_WARPS * a.v.nr * (32 / spr);
-    let cfg = LaunchConfig {
-        grid_dim: ((a.rows as u32).div_ceil(rows_per_block), a.n_mats as u32, 1),
-        block_dim: (GEMV_WARPS * 32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = q8_grid(a.layout.ty, a.v.nr, nb, a.rows, a.n_mats)?;
     let (rows_i, nb_i, xs, nf) = (
         a.rows as i32,
         nb as i32,

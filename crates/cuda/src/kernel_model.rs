@@ -1,7 +1,7 @@
 //! Host models of the bit manipulation in the Q5_0, Q5_K, IQ4_NL, IQ2_XS
 //! and IQ1_M GEMV kernels (`kernels/gemv_{q5_0,q5k,iq4_nl,iq2_xs,iq1_m}.cu`),
 //! word for word, checked against `redlite_quant`'s dequantization, and of
-//! the Q6_K, IQ2_XS and IQ1_M int8-activation kernels (`gemv_q8act.cu`),
+//! the Q6_K, IQ2_XS and IQ1_M int8-activation kernels (`gemv_q8act.cuh`),
 //! checked against `redlite_quant`'s Q8_K dot and a dequantized f64 dot:
 //! the integer logic is tested here without a GPU; `redlite selftest` tests
 //! the kernels themselves. Also a model of the block-parallel router top-k
@@ -206,7 +206,7 @@ mod tests {
         }
     }
 
-    // ---- int8-activation kernels (`kernels/gemv_q8act.cu`) ------------
+    // ---- int8-activation kernels (`kernels/gemv_q8act.cuh`) ------------
     //
     // Each `*_chunk` below is the kernel's `load_w` + `load_x` + `dot` for
     // one lane chunk, with the same byte offsets, word extractions and

@@ -30,6 +30,7 @@ const HEADERS: &[(&str, &str)] = &[
     ("gemv_common.cuh", kernel_dir!("gemv_common.cuh")),
     ("iq_tables.cuh", kernel_dir!("iq_tables.cuh")),
     ("iq4nl.cuh", kernel_dir!("iq4nl.cuh")),
+    ("gemv_q8act.cuh", kernel_dir!("gemv_q8act.cuh")),
 ];
 
 /// The f32-activation GEMV kernels of one family (`GEMV_KERNELS` in
@@ -192,6 +193,12 @@ pub const FILES: &[KernelFile] = &[
             "gemv_iq1_m_q8_r1",
             "gemv_iq1_m_q8_r2",
             "gemv_iq1_m_q8_r4",
+        ],
+    },
+    KernelFile {
+        name: "gemv_q8_swiglu.cu",
+        source: kernel_dir!("gemv_q8_swiglu.cu"),
+        kernels: &[
             "gemv_iq2_xxs_q8_r2_swiglu",
             "gemv_q8_0_q8_r2_swiglu",
             "gemv_q4_k_q8_r2_swiglu",
@@ -237,28 +244,9 @@ fn expand_into(src: &str, out: &mut String, seen: &mut Vec<&'static str>) -> Res
     Ok(())
 }
 
-/// Where a kernel lets the next one launch under PDL (`PDL_PROLOGUE` in
-/// `kernels/common.cuh`): after its wait (the default) or before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PdlTrigger {
-    Late,
-    Early,
-}
-
-/// `REDLITE_PDL_TRIGGER`: unset or `late`, or `early`.
-pub fn parse_pdl_trigger(v: Option<&str>) -> Result<PdlTrigger> {
-    match v {
-        None | Some("late") => Ok(PdlTrigger::Late),
-        Some("early") => Ok(PdlTrigger::Early),
-        Some(other) => Err(CudaError::Invalid(format!(
-            "REDLITE_PDL_TRIGGER={other:?}: expected \"late\" or \"early\""
-        ))),
-    }
-}
-
 /// `REDLITE_CUDA_DEFINES`: space-separated `NAME=VALUE` macro overrides
 /// for the kernels (tuning constants guarded by `#ifndef`, for A/B runs
-/// without a rebuild, e.g. `ATT_PAIR=0`); names are identifiers, values
+/// without a rebuild, e.g. `GEMV_PAIR_PREFETCH=0`); names are identifiers, values
 /// integers.
 pub fn parse_defines(v: Option<&str>) -> Result<Vec<String>> {
     let Some(v) = v else { return Ok(Vec::new()) };
@@ -283,15 +271,8 @@ pub fn parse_defines(v: Option<&str>) -> Result<Vec<String>> {
 
 /// The NVRTC options every file is compiled with (`defines`: from
 /// [`parse_defines`]).
-pub fn nvrtc_options(
-    name: &str,
-    trigger: PdlTrigger,
-    defines: &[String],
-) -> cudarc::nvrtc::CompileOptions {
+pub fn nvrtc_options(name: &str, defines: &[String]) -> cudarc::nvrtc::CompileOptions {
     let mut options = vec!["--std=c++17".to_string()];
-    if trigger == PdlTrigger::Early {
-        options.push("-DREDLITE_PDL_EARLY_TRIGGER".into());
-    }
     options.extend(defines.iter().cloned());
     cudarc::nvrtc::CompileOptions {
         arch: Some("sm_90"),
@@ -302,13 +283,9 @@ pub fn nvrtc_options(
 }
 
 /// Compile one file to PTX with NVRTC (loads libnvrtc at run time).
-pub fn compile(
-    file: &KernelFile,
-    trigger: PdlTrigger,
-    defines: &[String],
-) -> Result<cudarc::nvrtc::Ptx> {
+pub fn compile(file: &KernelFile, defines: &[String]) -> Result<cudarc::nvrtc::Ptx> {
     let src = expand(file.source)?;
-    match cudarc::nvrtc::compile_ptx_with_opts(&src, nvrtc_options(file.name, trigger, defines)) {
+    match cudarc::nvrtc::compile_ptx_with_opts(&src, nvrtc_options(file.name, defines)) {
         Ok(ptx) => Ok(ptx),
         Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => Err(CudaError::Compile(
             format!("NVRTC failed on {}:\n{}", file.name, log.to_string_lossy()),
@@ -322,13 +299,12 @@ pub fn compile(
 
 /// Every file compiled (in parallel threads), in [`FILES`] order.
 pub fn compile_all() -> Result<Vec<cudarc::nvrtc::Ptx>> {
-    let trigger = parse_pdl_trigger(std::env::var("REDLITE_PDL_TRIGGER").ok().as_deref())?;
     let defines = parse_defines(std::env::var("REDLITE_CUDA_DEFINES").ok().as_deref())?;
     let defines = &defines;
     std::thread::scope(|s| {
         let hs: Vec<_> = FILES
             .iter()
-            .map(|f| s.spawn(move || compile(f, trigger, defines)))
+            .map(|f| s.spawn(move || compile(f, defines)))
             .collect();
         hs.into_iter()
             .map(|h| {
@@ -437,31 +413,20 @@ mod tests {
     }
 
     #[test]
-    fn pdl_trigger_parses_and_names_bad_values() {
-        assert_eq!(parse_pdl_trigger(None).unwrap(), PdlTrigger::Late);
-        assert_eq!(parse_pdl_trigger(Some("late")).unwrap(), PdlTrigger::Late);
-        assert_eq!(parse_pdl_trigger(Some("early")).unwrap(), PdlTrigger::Early);
-        let e = parse_pdl_trigger(Some("soon")).unwrap_err().to_string();
-        assert!(
-            e.contains("REDLITE_PDL_TRIGGER") && e.contains("soon"),
-            "{e}"
-        );
-        let o = nvrtc_options("x.cu", PdlTrigger::Early, &[]).options;
-        assert!(o.iter().any(|a| a == "-DREDLITE_PDL_EARLY_TRIGGER"));
-        assert!(!nvrtc_options("x.cu", PdlTrigger::Late, &[])
-            .options
-            .iter()
-            .any(|a| a.contains("EARLY")));
-    }
-
-    #[test]
     fn defines_parse_and_reach_the_options() {
         assert!(parse_defines(None).unwrap().is_empty());
-        let d = parse_defines(Some(" ATT_AHEAD=16  X_2=-1 ")).unwrap();
-        assert_eq!(d, ["-DATT_AHEAD=16", "-DX_2=-1"]);
-        let o = nvrtc_options("x.cu", PdlTrigger::Late, &d).options;
-        assert!(o.contains(&"-DATT_AHEAD=16".to_string()));
-        for bad in ["ATT_AHEAD", "=3", "A=b", "2A=1", "A-B=1", "A=1;B=2"] {
+        let d = parse_defines(Some(" GEMV_PAIR_PREFETCH=0  X_2=-1 ")).unwrap();
+        assert_eq!(d, ["-DGEMV_PAIR_PREFETCH=0", "-DX_2=-1"]);
+        let o = nvrtc_options("x.cu", &d).options;
+        assert!(o.contains(&"-DGEMV_PAIR_PREFETCH=0".to_string()));
+        for bad in [
+            "GEMV_PAIR_PREFETCH",
+            "=3",
+            "A=b",
+            "2A=1",
+            "A-B=1",
+            "A=1;B=2",
+        ] {
             let e = parse_defines(Some(bad)).unwrap_err().to_string();
             assert!(e.contains("REDLITE_CUDA_DEFINES"), "{bad}: {e}");
         }
