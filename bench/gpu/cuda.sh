@@ -21,8 +21,13 @@
 #             (--no-pdl), ROUNDS rounds alternating
 #   envab     (not in the default list) decode tok/s at AB_DEPTHS under
 #             each environment assignment of AB (e.g.
-#             "REDLITE_CUDA_FUSE_SWIGLU=0 REDLITE_CUDA_FUSE_SWIGLU=1"),
+#             "REDLITE_CUDA_Q8_NR=2 REDLITE_CUDA_Q8_NR=4"),
 #             ROUNDS rounds alternating
+#   ablate    (not in the default list) what each kernel class costs in the
+#             decode chain as it runs: decode tok/s at AB_DEPTHS with the
+#             classes of each ';'-separated entry of ABLATE (label
+#             substrings, REDLITE_CUDA_ABLATE, docs/cuda.md) left out,
+#             each round starting with nothing left out
 # NO_PDL=1 adds --no-pdl to selftest, parity, tiny and bench.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -74,6 +79,16 @@ for s in ${STEPS:-selftest parity kernels tiny bench}; do
         for v in ${AB:?set AB}; do
           echo "== round $round: $v"
           (export "$v"; decode_rows "${AB_DEPTHS:-0,32768}")
+        done
+      done ;;
+    ablate)
+      M=$(synth_file "$LAYOUT")
+      IFS=';' read -ra sets <<< "${ABLATE:?set ABLATE}"
+      for round in $(seq "${ROUNDS:-1}"); do
+        echo "== round $round: nothing left out"; decode_rows "${AB_DEPTHS:-0}"
+        for a in "${sets[@]}"; do
+          echo "== round $round: without $a"
+          REDLITE_CUDA_ABLATE="$a" decode_rows "${AB_DEPTHS:-0}"
         done
       done ;;
     *) echo "unknown step $s"; fail=1 ;;

@@ -1,6 +1,5 @@
-// The int8-activation GEMV's formats, body and launch macro, shared by
-// gemv_q8act.cu (the plain kernels) and gemv_q8_swiglu.cu (the SwiGLU in
-// the prologue): two files so NVRTC compiles them in parallel.
+// The int8-activation GEMV's formats, body and launch macro (the kernels
+// are instantiated in gemv_q8act.cu).
 #pragma once
 // GEMV with int8 activations (quantize_q8.cu): IQ2_XXS, Q8_0, Q4_K,
 // IQ4_NL, Q6_K, IQ2_XS and IQ1_M weights.
@@ -46,17 +45,6 @@
 #include "iq_tables.cuh"
 #include "iq4nl.cuh"
 
-// An activation load: through the read-only path from global memory, or
-// a plain load when the activations sit in shared memory (XS: the fused
-// SwiGLU launches below quantize them there).
-template <bool XS, class V>
-__device__ __forceinline__ V ldx(const V* p) {
-    if constexpr (XS)
-        return *p;
-    else
-        return __ldg(p);
-}
-
 // Byte masks of 4 sign bits: bit k -> byte k = 1 (t) ; 0xff (t * 0xff).
 __device__ __forceinline__ int iq2_signed(u32 g, u32 bits4) {
     const u32 t = (bits4 * 0x00204081u) & 0x01010101u;
@@ -95,13 +83,12 @@ struct WChunk {
 // consecutive values of the row).
 template <int XV, int DX>
 struct ContigX {
-    template <bool XS>
     static __device__ __forceinline__ void load_x(const int4* xp, const float* xd, int c, int4* x,
                                                   float* dx) {
 #pragma unroll
-        for (int k = 0; k < XV; k++) x[k] = ldx<XS>(xp + XV * c + k);
+        for (int k = 0; k < XV; k++) x[k] = __ldg(xp + XV * c + k);
 #pragma unroll
-        for (int k = 0; k < DX; k++) dx[k] = ldx<XS>(xd + DX * c + k);
+        for (int k = 0; k < DX; k++) dx[k] = __ldg(xd + DX * c + k);
     }
 };
 
@@ -200,14 +187,13 @@ struct Q4KQ8 {
         w.v[1] = __ldg(reinterpret_cast<const uint4*>(blk));
         d = 0;
     }
-    template <bool XS>
     static __device__ __forceinline__ void load_x(const int4* xp, const float* xd, int c, int4* x,
                                                   float* dx) {
         // values 256b + 64p + l0 (sub-block 2p) and +32 (sub-block 2p+1)
         const int b = c >> 3, sub = c & 7, p = sub >> 1, l0 = 16 * (sub & 1);
-        x[0] = ldx<XS>(xp + (256 * b + 64 * p + l0) / 16);
-        x[1] = ldx<XS>(xp + (256 * b + 64 * p + 32 + l0) / 16);
-        const float2 d = ldx<XS>(reinterpret_cast<const float2*>(xd) + 4 * b + p);
+        x[0] = __ldg(xp + (256 * b + 64 * p + l0) / 16);
+        x[1] = __ldg(xp + (256 * b + 64 * p + 32 + l0) / 16);
+        const float2 d = __ldg(reinterpret_cast<const float2*>(xd) + 4 * b + p);
         dx[0] = d.x;
         dx[1] = d.y;
     }
@@ -270,14 +256,13 @@ struct Q6KQ8 {
         w.sc = __ldg(reinterpret_cast<const uint2*>(blk + 192 + 8 * h));
         d = __ldg(dp + (c >> 2));
     }
-    template <bool XS>
     static __device__ __forceinline__ void load_x(const int4* xp, const float* xd, int c, int4* x,
                                                   float* dx) {
         // piece j: values 256b + 128h + 32j + l0.. = int4 16b + 8h + 2j + c%2
         const int b = c >> 2, h = (c >> 1) & 1;
 #pragma unroll
-        for (int j = 0; j < 4; j++) x[j] = ldx<XS>(xp + 16 * b + 8 * h + 2 * j + (c & 1));
-        const float4 d4 = ldx<XS>(reinterpret_cast<const float4*>(xd) + 2 * b + h);
+        for (int j = 0; j < 4; j++) x[j] = __ldg(xp + 16 * b + 8 * h + 2 * j + (c & 1));
+        const float4 d4 = __ldg(reinterpret_cast<const float4*>(xd) + 2 * b + h);
         dx[0] = d4.x;
         dx[1] = d4.y;
         dx[2] = d4.z;
@@ -440,19 +425,14 @@ __device__ __forceinline__ int q8_lanes_per_row(int nch) {
 // The rows a block of gemv_q8_body reads, into L2, before the PDL wait.
 // The slot is read as a hint: right after the top-k it is still the
 // previous token's (the body reads it again after the wait). That launch
-// is the routed gate|up (two stacks: n_first < the grid's y); at full
-// residency its prefetch is of the previous token's experts, so
-// GEMV_PAIR_PREFETCH=0 (REDLITE_CUDA_DEFINES) skips it, for an A/B: the
-// stale bytes compete with the right ones when the wait returns, but
-// consecutive tokens of a real model share some experts.
-#ifndef GEMV_PAIR_PREFETCH
-#define GEMV_PAIR_PREFETCH 1
-#endif
+// is the routed gate|up; at full residency its prefetch is of the previous
+// token's experts. Skipping it there measured the same on a synthetic file
+// (whose routing shares few experts between tokens), and consecutive
+// tokens of a real model share some, so it stays (bench/RESULTS.md).
 template <class T, int NR>
 __device__ __forceinline__ void gemv_q8_prefetch(const u8* w0, const u8* w1, int n_first,
                                                  u64 mat_bytes, const u32* slots, int rows,
                                                  int nb) {
-    if (!GEMV_PAIR_PREFETCH && slots && n_first < (int)gridDim.y) return;
     const int m = blockIdx.y;
     const bool second = m >= n_first;
     const int mi = second ? m - n_first : m;
@@ -463,7 +443,7 @@ __device__ __forceinline__ void gemv_q8_prefetch(const u8* w0, const u8* w1, int
                        min(r0 + brows, rows));
 }
 
-template <class T, int NR, bool SG, bool XS = false>
+template <class T, int NR, bool SG>
 __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
                                              int n_first, u64 mat_bytes,
                                              const u32* __restrict__ slots,
@@ -516,8 +496,8 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
         }
         int4 xa[XV], xb[XV];
         float dxa[DX], dxb[DX];
-        T::template load_x<XS>(xp, xd, c, xa, dxa);
-        if (two) T::template load_x<XS>(xp, xd, c2, xb, dxb);
+        T::load_x(xp, xd, c, xa, dxa);
+        if (two) T::load_x(xp, xd, c2, xb, dxb);
 #pragma unroll
         for (int r = 0; r < NR; r++) acc[r] += T::dot(wa[r], h2f(da[r]), xa, dxa, grid, c);
         if (two) {

@@ -23,7 +23,7 @@ use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
 use crate::expert_cache::{read_counters, CacheCounters, HostExperts, HostSet, LayerCache};
 use crate::gemv::{
-    expert_image, swiglu_fusable, DeviceMatrix, ExpertStack, GateUp, Q8Vec, Variant, DEFAULT_NR,
+    expert_image, DeviceMatrix, ExpertStack, Q8Vec, Variant, DEFAULT_NR,
     Q8_TYPES,
 };
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
@@ -72,11 +72,16 @@ struct Capture<'a> {
     /// Profiling: a timing event recorded before each kernel class, with
     /// its label and the launch count at that point.
     marks: Option<Vec<(CudaEvent, &'static str, usize)>>,
+    /// Ablation (timing only): kernel classes whose launches are left out
+    /// of the graph, by label substring (`REDLITE_CUDA_ABLATE`).
+    ablate: Vec<String>,
 }
 
 impl Capture<'_> {
-    /// Profiling only: what runs from here until the next mark is `label`.
+    /// What runs from here until the next mark is kernel class `label`:
+    /// timed when profiling, left out when ablated.
     fn mark(&mut self, gpu: &Gpu, label: &'static str) -> Result<()> {
+        gpu.set_suppressed(self.ablate.iter().any(|a| label.contains(a.as_str())));
         if let Some(m) = &mut self.marks {
             let ev = gpu
                 .ctx
@@ -111,7 +116,7 @@ fn mv(
 ) -> Result<()> {
     match xq {
         Some(q) if Q8_TYPES.contains(&m.layout.ty) && q.n >= m.cols => {
-            m.gemv_q8(gpu, q, y, DEFAULT_NR)
+            m.gemv_q8(gpu, q, y, q8_nr()?)
         }
         _ if m.layout.ty == GgmlType::F32 => m.gemv(gpu, x, y, f32_variant()?),
         _ => m.gemv(gpu, x, y, DEFAULT_NR),
@@ -147,31 +152,50 @@ fn parse_f32_variant(v: Option<&str>) -> Option<Variant> {
     matches!(nr, 1 | 2 | 4).then(|| Variant::new(nr, x2))
 }
 
-/// Whether the SwiGLU of the routed and shared experts runs in the
-/// prologue of their down GEMV (`*_q8_r2_swiglu`, one launch fewer per
-/// FFN, bit-identical results: `redlite selftest`) instead of its own
-/// launch: `REDLITE_CUDA_FUSE_SWIGLU` = 1, or 0 (the default until an A/B
-/// on the GPU shows it pays; `STEPS=envab` in bench/gpu/cuda.sh).
-fn swiglu_fusion() -> Result<bool> {
-    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let v = V.get_or_init(|| {
-        parse_switch(
-            std::env::var("REDLITE_CUDA_FUSE_SWIGLU").ok().as_deref(),
-            false,
-        )
-    });
-    v.ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_FUSE_SWIGLU: expected 0 or 1".into()))
+/// Rows per lane group of the int8-activation GEMVs of the decode graph:
+/// `REDLITE_CUDA_Q8_NR` = 1, 2 or 4, for A/B runs (default
+/// [`DEFAULT_NR`]).
+fn q8_nr() -> Result<u32> {
+    parse_q8_nr(std::env::var("REDLITE_CUDA_Q8_NR").ok().as_deref())
+        .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_NR: expected 1, 2 or 4".into()))
 }
 
-/// An on/off environment value: unset gives `default`, "1"/"0" on/off,
-/// anything else None.
-fn parse_switch(v: Option<&str>, default: bool) -> Option<bool> {
+fn parse_q8_nr(v: Option<&str>) -> Option<u32> {
     match v {
-        None => Some(default),
-        Some("1") => Some(true),
-        Some("0") => Some(false),
+        None => Some(DEFAULT_NR),
+        Some("1") => Some(1),
+        Some("2") => Some(2),
+        Some("4") => Some(4),
         Some(_) => None,
     }
+}
+
+/// Ablation, a measuring tool (timing only, the outputs are wrong):
+/// `REDLITE_CUDA_ABLATE` = comma-separated substrings of kernel-class
+/// labels (the rows of `bench model --profile`, e.g. "top-k,DeltaNet:
+/// fused"); the matching classes' launches are left out of the token's
+/// graph, so the tok/s difference is what those kernels cost in the
+/// launch chain as it runs (the event profile cannot say that with PDL:
+/// its events break the chain).
+fn ablation() -> Result<Vec<String>> {
+    let v = std::env::var("REDLITE_CUDA_ABLATE").unwrap_or_default();
+    let parts = parse_ablation(&v);
+    if !parts.is_empty() {
+        // On stderr whatever the log level: these outputs must not be
+        // mistaken for real ones.
+        eprintln!(
+            "warning: REDLITE_CUDA_ABLATE: kernels of {parts:?} left out: timing only, outputs are wrong"
+        );
+    }
+    Ok(parts)
+}
+
+fn parse_ablation(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// Room for `n` int8 activations when `on` (and `n` is whole blocks of 32).
@@ -449,20 +473,7 @@ impl FfnOp {
         let ff = self.gate.rows;
         match (&mut self.gu, hq) {
             (Some(gu), Some(hq)) if hq.n >= self.gate.cols => {
-                self.gate.gemv_q8_pair(&self.up, gpu, hq, gu, DEFAULT_NR)?;
-                if swiglu_fusion()?
-                    && self.gq.is_some()
-                    && self.down.cols == ff
-                    && swiglu_fusable(self.down.layout.ty, ff)
-                {
-                    let x = GateUp {
-                        gu: &*gu,
-                        g_at: 0,
-                        u_at: ff,
-                        stride: 0,
-                    };
-                    return self.down.gemv_q8_swiglu(gpu, x, &mut self.out);
-                }
+                self.gate.gemv_q8_pair(&self.up, gpu, hq, gu, q8_nr()?)?;
                 ops::swiglu(gpu, (gu, 0), (gu, ff), &self.g, self.gq.as_ref(), ff)?;
             }
             _ => {
@@ -689,50 +700,33 @@ impl Op {
                     cap.mark(gpu, "MoE: cache fetch of misses")?;
                     c.fetch(gpu, false, [&x.gate, &x.up, &x.down], m.fetch_blocks.0)?;
                 }
-                cap.mark(gpu, "MoE: routed experts gate|up GEMV + SwiGLU")?;
+                cap.mark(gpu, "MoE: routed experts gate|up GEMV")?;
                 let k = x.k;
                 let ff = x.gate.rows;
                 let kf = k * ff;
-                // The SwiGLU in the down GEMV's prologue (opt-in, see
-                // swiglu_fusion).
-                let fuse = swiglu_fusion()?
-                    && m.actq.is_some()
-                    && m.ygu.is_some()
-                    && hq.is_some()
-                    && x.down.cols == ff
-                    && swiglu_fusable(x.down.layout.ty, ff);
                 match (&mut m.ygu, hq) {
                     (Some(ygu), Some(hq)) => {
                         ExpertStack::gemv_gate_up_q8(
-                            &x.gate, &x.up, gpu, &m.slots, k, hq, ygu, DEFAULT_NR,
+                            &x.gate, &x.up, gpu, &m.slots, k, hq, ygu, q8_nr()?,
                         )?;
-                        if !fuse {
-                            ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, m.actq.as_ref(), kf)?;
-                        }
+                        cap.mark(gpu, "MoE: routed experts SwiGLU")?;
+                        ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, m.actq.as_ref(), kf)?;
                     }
                     _ => {
                         x.gate
                             .gemv(gpu, &m.slots, k, &b.h, 0, &mut m.yg, DEFAULT_NR)?;
                         x.up.gemv(gpu, &m.slots, k, &b.h, 0, &mut m.yu, DEFAULT_NR)?;
+                        cap.mark(gpu, "MoE: routed experts SwiGLU")?;
                         ops::swiglu(gpu, (&m.yg, 0), (&m.yu, 0), &m.yg, m.actq.as_ref(), kf)?;
                     }
                 }
                 cap.mark(gpu, "MoE: routed experts down GEMV")?;
-                match (&m.actq, &m.ygu) {
-                    (Some(_), Some(ygu)) if fuse => {
-                        let gu = GateUp {
-                            gu: ygu,
-                            g_at: 0,
-                            u_at: kf,
-                            stride: ff,
-                        };
-                        x.down.gemv_q8_swiglu(gpu, &m.slots, k, gu, &mut m.yd)?;
-                    }
-                    (Some(q), _) => {
+                match &m.actq {
+                    Some(q) => {
                         x.down
-                            .gemv_q8(gpu, &m.slots, k, q, ff, &mut m.yd, DEFAULT_NR)?;
+                            .gemv_q8(gpu, &m.slots, k, q, ff, &mut m.yd, q8_nr()?)?;
                     }
-                    (None, _) => x
+                    None => x
                         .down
                         .gemv(gpu, &m.slots, k, &m.yg, ff, &mut m.yd, DEFAULT_NR)?,
                 }
@@ -1299,6 +1293,7 @@ impl CudaDecoder {
             pending: None,
             events: Vec::new(),
             marks: None,
+            ablate: ablation()?,
         };
         let (mut graphs, mut points) = (Vec::new(), Vec::new());
         gpu.stream.begin_capture(mode)?;
@@ -1333,6 +1328,7 @@ impl CudaDecoder {
             ));
         }
         let graph = gpu.stream.end_capture(flags);
+        gpu.set_suppressed(false);
         drop(cap);
         res?;
         graphs.push(graph?.context("captured an empty graph")?);
@@ -1411,6 +1407,7 @@ impl CudaDecoder {
             pending: None,
             events: Vec::new(),
             marks: Some(Vec::new()),
+            ablate: Vec::new(),
         };
         gpu.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
@@ -1633,13 +1630,17 @@ mod tests {
     }
 
     #[test]
-    fn switch_values() {
-        assert_eq!(parse_switch(None, true), Some(true));
-        assert_eq!(parse_switch(None, false), Some(false));
-        assert_eq!(parse_switch(Some("0"), true), Some(false));
-        assert_eq!(parse_switch(Some("1"), false), Some(true));
-        for bad in ["", "yes", "2", "on"] {
-            assert_eq!(parse_switch(Some(bad), true), None, "{bad}");
+    fn q8_nr_values() {
+        assert_eq!(parse_q8_nr(None), Some(DEFAULT_NR));
+        assert_eq!(parse_q8_nr(Some("4")), Some(4));
+        for bad in ["", "3", "8", "r2"] {
+            assert_eq!(parse_q8_nr(Some(bad)), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn ablation_labels() {
+        assert!(parse_ablation("").is_empty());
+        assert_eq!(parse_ablation(" top-k, ,DeltaNet: fused "), ["top-k", "DeltaNet: fused"]);
     }
 }

@@ -12,6 +12,9 @@ pub struct Gpu {
     /// Kernels launched (or recorded into a graph) through [`Gpu::launch`]
     /// on this handle: the profile counts kernels per class with it.
     launches: std::sync::atomic::AtomicUsize,
+    /// Launches are dropped while set (ablation while recording a graph:
+    /// the decoder's `REDLITE_CUDA_ABLATE`, a measuring tool).
+    suppressed: std::sync::atomic::AtomicBool,
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     funcs: HashMap<&'static str, CudaFunction>,
@@ -89,6 +92,7 @@ impl Gpu {
         }
         Ok(Self {
             launches: Default::default(),
+            suppressed: Default::default(),
             ctx,
             stream,
             funcs,
@@ -104,6 +108,7 @@ impl Gpu {
     pub fn side(&self) -> Result<Gpu> {
         Ok(Self {
             launches: Default::default(),
+            suppressed: Default::default(),
             ctx: self.ctx.clone(),
             stream: self.ctx.new_stream()?,
             funcs: self.funcs.clone(),
@@ -144,6 +149,9 @@ impl Gpu {
         args: &[&dyn KernelArg],
     ) -> Result<()> {
         let f = self.func(name)?.cu_function();
+        if self.suppressed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
         self.launches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // The driver API acts on the thread's current context.
@@ -195,6 +203,12 @@ impl Gpu {
         unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
             .result()?;
         Ok(())
+    }
+
+    /// While `on`, [`Gpu::launch`] records nothing (and counts nothing).
+    pub fn set_suppressed(&self, on: bool) {
+        self.suppressed
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Kernels launched through this handle so far.

@@ -195,19 +195,6 @@ pub const FILES: &[KernelFile] = &[
             "gemv_iq1_m_q8_r4",
         ],
     },
-    KernelFile {
-        name: "gemv_q8_swiglu.cu",
-        source: kernel_dir!("gemv_q8_swiglu.cu"),
-        kernels: &[
-            "gemv_iq2_xxs_q8_r2_swiglu",
-            "gemv_q8_0_q8_r2_swiglu",
-            "gemv_q4_k_q8_r2_swiglu",
-            "gemv_iq4_nl_q8_r2_swiglu",
-            "gemv_q6_k_q8_r2_swiglu",
-            "gemv_iq2_xs_q8_r2_swiglu",
-            "gemv_iq1_m_q8_r2_swiglu",
-        ],
-    },
 ];
 
 /// `src` with every `#include "x.cuh"` replaced by the header's text (each
@@ -246,7 +233,7 @@ fn expand_into(src: &str, out: &mut String, seen: &mut Vec<&'static str>) -> Res
 
 /// `REDLITE_CUDA_DEFINES`: space-separated `NAME=VALUE` macro overrides
 /// for the kernels (tuning constants guarded by `#ifndef`, for A/B runs
-/// without a rebuild, e.g. `GEMV_PAIR_PREFETCH=0`); names are identifiers, values
+/// without a rebuild, e.g. `CMB_MAXV=8`); names are identifiers, values
 /// integers.
 pub fn parse_defines(v: Option<&str>) -> Result<Vec<String>> {
     let Some(v) = v else { return Ok(Vec::new()) };
@@ -415,12 +402,12 @@ mod tests {
     #[test]
     fn defines_parse_and_reach_the_options() {
         assert!(parse_defines(None).unwrap().is_empty());
-        let d = parse_defines(Some(" GEMV_PAIR_PREFETCH=0  X_2=-1 ")).unwrap();
-        assert_eq!(d, ["-DGEMV_PAIR_PREFETCH=0", "-DX_2=-1"]);
+        let d = parse_defines(Some(" CMB_MAXV=8  X_2=-1 ")).unwrap();
+        assert_eq!(d, ["-DCMB_MAXV=8", "-DX_2=-1"]);
         let o = nvrtc_options("x.cu", &d).options;
-        assert!(o.contains(&"-DGEMV_PAIR_PREFETCH=0".to_string()));
+        assert!(o.contains(&"-DCMB_MAXV=8".to_string()));
         for bad in [
-            "GEMV_PAIR_PREFETCH",
+            "CMB_MAXV",
             "=3",
             "A=b",
             "2A=1",

@@ -292,78 +292,9 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
             }
         }
         out.push(worst);
-        if nr == Q8Variant::from(crate::gemv::DEFAULT_NR) {
-            out.push(swiglu_prologue(gpu, rng, ty)?);
-        }
     }
     out.push(qw);
     Ok(())
-}
-
-/// The SwiGLU-prologue GEMV (`*_q8_r2_swiglu`) against the two launches
-/// it replaces, `swiglu` into int8 and the plain int8 GEMV (both checked
-/// against float64 references above): every output bit must agree. Routed
-/// experts (a slot twice) and one plain matrix, down-like shapes.
-fn swiglu_prologue(gpu: &Gpu, rng: &mut Rng, ty: GgmlType) -> Result<Worst> {
-    let l = layout(ty)?;
-    let mut w = Worst::new(format!(
-        "{}_swiglu (vs swiglu + {}: any differing bit fails)",
-        q8_kernel_name(ty, crate::gemv::DEFAULT_NR)?,
-        q8_kernel_name(ty, crate::gemv::DEFAULT_NR)?
-    ));
-    w.tol = f64::MIN_POSITIVE;
-    for (rows, cols) in [(40, 512), (72, 2048), (33, l.qk.max(32))] {
-        let n_slots = 6;
-        let mut down = ExpertStack::new(gpu, ty, rows, cols, n_slots)?;
-        for s in 0..n_slots {
-            down.upload(gpu, s, &random_weights(&l, rows, cols, rng))?;
-        }
-        let routed: Vec<u32> = vec![4, 0, 2, 2, 5];
-        let n = routed.len();
-        let sd = gpu.stream.clone_htod(&routed)?;
-        let kf = n * cols;
-        // gate values over SiLU's curved range, up values around 1
-        let mut gu: Vec<f32> = random_vec(kf, rng).iter().map(|v| 6.0 * v).collect();
-        gu.extend(random_vec(kf, rng));
-        let gud = gpu.stream.clone_htod(&gu)?;
-        let act = gpu.stream.clone_htod(&vec![f32::NAN; kf])?;
-        let actq = Q8Vec::new(gpu, kf)?;
-        crate::ops::swiglu(gpu, (&gud, 0), (&gud, kf), &act, Some(&actq), kf)?;
-        let mut want = gpu.stream.clone_htod(&vec![f32::NAN; n * rows])?;
-        down.gemv_q8(gpu, &sd, n, &actq, cols, &mut want, crate::gemv::DEFAULT_NR)?;
-        let mut got = gpu.stream.clone_htod(&vec![f32::NAN; n * rows])?;
-        let x = crate::gemv::GateUp {
-            gu: &gud,
-            g_at: 0,
-            u_at: kf,
-            stride: cols,
-        };
-        down.gemv_q8_swiglu(gpu, &sd, n, x, &mut got)?;
-        // One matrix, no slots: the shared expert's launch.
-        let m = DeviceMatrix::upload(gpu, ty, rows, cols, &random_weights(&l, rows, cols, rng))?;
-        let mut want1 = gpu.stream.clone_htod(&vec![f32::NAN; rows])?;
-        let actq1 = Q8Vec::new(gpu, cols)?;
-        crate::ops::swiglu(gpu, (&gud, 0), (&gud, kf), &act, Some(&actq1), cols)?;
-        m.gemv_q8(gpu, &actq1, &mut want1, crate::gemv::DEFAULT_NR)?;
-        let mut got1 = gpu.stream.clone_htod(&vec![f32::NAN; rows])?;
-        let x1 = crate::gemv::GateUp {
-            gu: &gud,
-            g_at: 0,
-            u_at: kf,
-            stride: 0,
-        };
-        m.gemv_q8_swiglu(gpu, x1, &mut got1)?;
-        gpu.sync()?;
-        for (g, e) in [(&got, &want), (&got1, &want1)] {
-            let (g, e) = (gpu.stream.clone_dtoh(g)?, gpu.stream.clone_dtoh(e)?);
-            let differ = g.iter().zip(&e).any(|(a, b)| a.to_bits() != b.to_bits());
-            let wf: Vec<f64> = e.iter().map(|&v| v as f64).collect();
-            let (a, r, written) = compare(&g, &wf);
-            // A differing NaN payload or sign of zero counts as a failure.
-            fold(&mut w, (a, if differ { r.max(1.0) } else { r }, written));
-        }
-    }
-    Ok(w)
 }
 
 /// Print the table; returns whether every kernel passed.
