@@ -10,9 +10,11 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 WORK=/dev/shm/redlite-bench
 mkdir -p "$WORK"
-if [[ -f .bench-bin/redlite.gz && ! -x .bench-bin/redlite ]]; then
-  gunzip -kf .bench-bin/redlite.gz && chmod +x .bench-bin/redlite
-fi
+# Every carried binary (e.g. a baseline build beside the one under test,
+# for REDLITE=... in cuda.sh's envab step).
+for z in .bench-bin/*.gz; do
+  [[ -f $z && ! -x ${z%.gz} ]] && gunzip -kf "$z" && chmod +x "${z%.gz}"
+done
 R="${REDLITE:-$ROOT/.bench-bin/redlite}"
 [[ -x $R ]] || R="$ROOT/target/release/redlite"
 [[ -x $R ]] || { echo "no redlite binary (carry .bench-bin)"; exit 2; }

@@ -21,7 +21,8 @@
 #             (--no-pdl), ROUNDS rounds alternating
 #   envab     (not in the default list) decode tok/s at AB_DEPTHS under
 #             each environment assignment of AB (e.g.
-#             "REDLITE_CUDA_Q8_NR=2 REDLITE_CUDA_Q8_NR=4"),
+#             "REDLITE_CUDA_Q8_NR=2 REDLITE_CUDA_Q8_NR=4"; REDLITE=path
+#             runs another carried binary, e.g. a baseline build),
 #             ROUNDS rounds alternating
 #   ablate    (not in the default list) what each kernel class costs in the
 #             decode chain as it runs: decode tok/s at AB_DEPTHS with the
@@ -41,7 +42,7 @@ P="${NO_PDL:+--no-pdl}"
 # the synth file $M.
 decode_rows() {
   local d=$1; shift
-  timeout 200 "$R" bench model -m "$M" --device cuda -p 0 -n 64 -d "$d" -r 3 "$@" 2>/dev/null | grep "^| qwen"
+  timeout 200 "${REDLITE:-$R}" bench model -m "$M" --device cuda -p 0 -n 64 -d "$d" -r 3 "$@" 2>/dev/null | grep "^| qwen"
 }
 for s in ${STEPS:-selftest parity kernels tiny bench}; do
   case $s in

@@ -136,6 +136,20 @@ __device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
     return t;
 }
 
+// 8 consecutive f32 at a 32-byte-aligned address, plain loads (memory this
+// kernel may write), and their store.
+__device__ __forceinline__ void ld8_plain(const float* p, float* v) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    const float4 b = *(reinterpret_cast<const float4*>(p) + 1);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void st8(float* p, const float* v) {
+    const float4 a = {v[0], v[1], v[2], v[3]}, b = {v[4], v[5], v[6], v[7]};
+    reinterpret_cast<float4*>(p)[0] = a;
+    reinterpret_cast<float4*>(p)[1] = b;
+}
+
 // x * sigmoid(x), and sigmoid, with the CPU's operation order
 // (crates/cpu/src/ops.rs): 1 / (1 + e^-x), IEEE division.
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -151,5 +165,29 @@ __device__ __forceinline__ void warp_q8(float v, int i, signed char* __restrict_
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
     const float id = a > 0.f ? 127.f / a : 0.f;
     q[i] = (signed char)__float2int_rn(v * id);
+    if ((i & 31) == 0) qd[i >> 5] = a / 127.f;
+}
+
+// The same quantization with 8 consecutive values per thread: the four
+// lanes 4g..4g+3 of a warp hold values 32m..32m+31 (lane 4g+i values
+// 32m+8i..), i = the index of this thread's first value (a multiple of 8).
+// Every lane of the warp must call it (shuffles); `store` = whether this
+// thread's values exist. Results as warp_q8's: d = max|v| / 127 per 32,
+// q = round(v * 127 / max|v|).
+__device__ __forceinline__ void quad_q8(const float* v, int i, bool store,
+                                        signed char* __restrict__ q, float* __restrict__ qd) {
+    float a = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) a = fmaxf(a, fabsf(v[e]));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+    const float id = a > 0.f ? 127.f / a : 0.f;
+    u32 w[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        w[e >> 2] |= ((u32)(u8)(signed char)__float2int_rn(v[e] * id)) << (8 * (e & 3));
+    if (!store) return;
+    const uint2 packed = {w[0], w[1]};
+    *reinterpret_cast<uint2*>(q + i) = packed;
     if ((i & 31) == 0) qd[i >> 5] = a / 127.f;
 }

@@ -104,3 +104,68 @@ extern "C" __global__ void __launch_bounds__(1024)
         if (q) warp_q8(v, j, q, qd);
     }
 }
+
+// moe_combine_norm_v8: moe_combine_norm for d % 32 == 0 and d <= 8 *
+// blockDim (<= 4096), a thread holding 8 consecutive values (the layout of
+// norm.cu's rms_norm_v8): the expert outputs are loaded CMB_GROUP experts
+// at a time (16-byte loads, all of a group in flight before its adds), the
+// adds in the same order and rounding as moe_combine_norm. One block:
+// grid 1, block a multiple of 32 with 8 * blockDim >= d.
+#define CMB_GROUP 6
+extern "C" __global__ void __launch_bounds__(512)
+    moe_combine_norm_v8(float* __restrict__ x, const float* __restrict__ ys,
+                        const float* __restrict__ w, int k, int d, const float* __restrict__ sh,
+                        const float* __restrict__ sh_logit, const float* __restrict__ norm_w,
+                        float eps, float* __restrict__ h, signed char* __restrict__ q,
+                        float* __restrict__ qd) {
+    PDL_PROLOGUE();
+    __shared__ double scratch[32];
+    const int i = 8 * threadIdx.x;
+    const bool act = i < d;
+    float acc[8], v[8], nw[8], sv[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] = v[e] = nw[e] = sv[e] = 0.f;
+    float s_sh = 1.0f;
+    if (act) {
+        ld8_plain(x + i, v);
+        load8(norm_w + i, nw);
+        if (sh) {
+            load8(sh + i, sv);
+            if (sh_logit) s_sh = sigmoid_f(*sh_logit);
+        }
+        for (int i0 = 0; i0 < k; i0 += CMB_GROUP) {
+            float yv[CMB_GROUP][8], wi[CMB_GROUP];
+#pragma unroll
+            for (int u = 0; u < CMB_GROUP; u++) {
+                if (i0 + u < k) {
+                    wi[u] = w[i0 + u];
+                    load8(ys + (long long)(i0 + u) * d + i, yv[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < CMB_GROUP; u++) {
+                if (i0 + u < k) {
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        acc[e] = __fadd_rn(acc[e], __fmul_rn(wi[u], yv[u][e]));
+                }
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            if (sh) acc[e] = __fadd_rn(acc[e], __fmul_rn(sv[e], s_sh));
+            v[e] = __fadd_rn(v[e], acc[e]);
+        }
+        st8(x + i, v);
+    }
+    double ss = 0.0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) ss += (double)v[e] * (double)v[e];
+    ss = block_sum_f64(ss, scratch);
+    const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) o[e] = __fmul_rn(__fmul_rn(v[e], s), nw[e]);
+    if (act) st8(h + i, o);
+    if (q) quad_q8(o, i, act, q, qd);
+}

@@ -25,7 +25,8 @@
 // load) and 64 activations (four 128-bit loads + one float2). A row of nb
 // blocks has 4*nb chunks, laid out contiguously, so the lanes of a row read
 // consecutive 16-byte pieces. `spr` lanes serve one row (spr = the largest
-// power of two <= 4*nb, at most 32): narrow rows (experts' down, 512
+// power of two <= 4*nb, at most 32 and
+// at most the launch's max_lanes): narrow rows (experts' down, 512
 // columns = 8 chunks) put 32/spr row groups in one warp instead of leaving
 // lanes idle. Each lane owns NR rows (x loaded once for them) and walks its
 // chunks two at a time: the weight, scale and activation loads of both
@@ -416,10 +417,11 @@ struct Iq1MQ8 : ContigX<4, 2> {
     }
 };
 
-// Lanes per row: the largest power of two <= the row's chunks, in 4..32
-// (src/gemv.rs `q8_lanes_per_row`).
-__device__ __forceinline__ int q8_lanes_per_row(int nch) {
-    return nch >= 32 ? 32 : nch >= 16 ? 16 : nch >= 8 ? 8 : 4;
+// Lanes per row: the largest power of two <= the row's chunks, in 4..32,
+// and at most max_lanes (a power of two in 4..32; src/gemv.rs
+// `q8_lanes_per_row`, whose grid the launch has).
+__device__ __forceinline__ int q8_lanes_per_row(int nch, int max_lanes) {
+    return min(max_lanes, nch >= 32 ? 32 : nch >= 16 ? 16 : nch >= 8 ? 8 : 4);
 }
 
 // The rows a block of gemv_q8_body reads, into L2, before the PDL wait.
@@ -432,12 +434,12 @@ __device__ __forceinline__ int q8_lanes_per_row(int nch) {
 template <class T, int NR>
 __device__ __forceinline__ void gemv_q8_prefetch(const u8* w0, const u8* w1, int n_first,
                                                  u64 mat_bytes, const u32* slots, int rows,
-                                                 int nb) {
+                                                 int nb, int max_lanes) {
     const int m = blockIdx.y;
     const bool second = m >= n_first;
     const int mi = second ? m - n_first : m;
     const u8* base = (second ? w1 : w0) + (u64)slot_hint(slots, mi) * mat_bytes;
-    const int brows = GEMV_WARPS * NR * (32 / q8_lanes_per_row(nb * T::CPB));
+    const int brows = GEMV_WARPS * NR * (32 / q8_lanes_per_row(nb * T::CPB, max_lanes));
     const int r0 = blockIdx.x * brows;
     gemv_prefetch_rows(base, rows, nb, T::PAYLOAD, 2 * side_words<T>::v, r0,
                        min(r0 + brows, rows));
@@ -449,7 +451,8 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
                                              const u32* __restrict__ slots,
                                              const signed char* __restrict__ xq,
                                              const float* __restrict__ xd, long long x_stride,
-                                             float* __restrict__ y, int rows, int nb) {
+                                             float* __restrict__ y, int rows, int nb,
+                                             int max_lanes) {
     constexpr int XV = T::XV, DX = T::DX;
     __shared__ uint2 sgrid[SG ? 256 : 1];
     const uint2* grid = reinterpret_cast<const uint2*>(iq2xxs_grid);
@@ -467,7 +470,7 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
     xd += (long long)mi * (x_stride / 32);
     y += (u64)m * rows;
     const int nch = nb * T::CPB;
-    const int spr = q8_lanes_per_row(nch);
+    const int spr = q8_lanes_per_row(nch, max_lanes);
     const int lane = threadIdx.x & 31, cl = lane & (spr - 1);
     const int warp_rows = NR * (32 / spr);
     const int wrow0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * warp_rows;
@@ -518,9 +521,9 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
         NAME(const u8* __restrict__ w0, const u8* __restrict__ w1, int n_first, u64 mat_bytes,  \
              const u32* __restrict__ slots, const signed char* __restrict__ xq,                 \
              const float* __restrict__ xd, long long x_stride, float* __restrict__ y, int rows, \
-             int nb) {                                                                          \
-        gemv_q8_prefetch<T, NR>(w0, w1, n_first, mat_bytes, slots, rows, nb);                  \
+             int nb, int max_lanes) {                                                           \
+        gemv_q8_prefetch<T, NR>(w0, w1, n_first, mat_bytes, slots, rows, nb, max_lanes);       \
         PDL_PROLOGUE();                                                                         \
         gemv_q8_body<T, NR, SG>(w0, w1, n_first, mat_bytes, slots, xq, xd, x_stride, y, rows,  \
-                                nb);                                                            \
+                                nb, max_lanes);                                                 \
     }

@@ -11,7 +11,56 @@
 // round(v / d)), so no separate launch is needed; needs d % 32 == 0.
 //
 // Launch: grid rows, block a multiple of 32 (<= 1024).
+//
+// rms_norm_v8: the same for d % 8 == 0 and d <= 8 * blockDim (<= 4096):
+// a thread holds 8 consecutive values in registers (two 16-byte loads of
+// x, res and w each, all issued before the reduction), so the launch is
+// one memory round trip, one block sum and one store pass; for decode
+// (d = 2048: 256 threads) the block sum has 8 warps to add, not 32. The
+// int8 output as quad_q8 (common.cuh), d % 32 == 0. Launch: grid rows,
+// block a multiple of 32 with 8 * blockDim >= d.
 #include "common.cuh"
+
+extern "C" __global__ void __launch_bounds__(512)
+    rms_norm_v8(float* __restrict__ x, const float* __restrict__ res,
+                const float* __restrict__ w, float* __restrict__ out,
+                signed char* __restrict__ q, float* __restrict__ qd, int d, float eps,
+                int add_one) {
+    PDL_PROLOGUE();
+    __shared__ double scratch[32];
+    const long long row = blockIdx.x;
+    const int i = 8 * threadIdx.x;
+    const bool act = i < d;
+    x += row * d;
+    out += row * d;
+    float v[8], wv[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = wv[e] = 0.f;
+    if (act) {
+        ld8_plain(x + i, v);
+        load8(w + i, wv);
+        if (res) {
+            float r8[8];
+            load8(res + row * d + i, r8);
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = __fadd_rn(v[e], r8[e]);
+            st8(x + i, v);
+        }
+    }
+    double ss = 0.0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) ss += (double)v[e] * (double)v[e];
+    ss = block_sum_f64(ss, scratch);
+    const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        const float wj = add_one ? __fadd_rn(1.0f, wv[e]) : wv[e];
+        o[e] = __fmul_rn(__fmul_rn(v[e], s), wj);
+    }
+    if (act) st8(out + i, o);
+    if (q) quad_q8(o, i, act, q + row * d, qd + row * (d / 32));
+}
 
 extern "C" __global__ void __launch_bounds__(1024)
     rms_norm(float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ w,

@@ -7,7 +7,7 @@
 use crate::device::Gpu;
 use crate::error::{CudaError, Result};
 use crate::gemv::{
-    kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
+    kernel_name, q8_label, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
 };
 use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{random_vec, random_weights, Rng};
@@ -325,7 +325,7 @@ fn run_q8_type(gpu: &Gpu, ty: GgmlType, rng: &mut Rng, out: &mut Vec<BenchRow>) 
             let t = time(gpu, |i| mats[i % copies].gemv_q8(gpu, &xq, &mut y, nr))?;
             let bytes = mats[0].bytes();
             out.push(BenchRow {
-                kernel: q8_kernel_name(ty, nr)?,
+                kernel: q8_label(ty, nr)?,
                 shape: name.to_string(),
                 bytes,
                 us: t * 1e6,
@@ -371,7 +371,7 @@ fn run_q8_type(gpu: &Gpu, ty: GgmlType, rng: &mut Rng, out: &mut Vec<BenchRow>) 
     for &nr in &nrs {
         let mut push = |shape: &str, bytes: usize, t: f64| -> Result<()> {
             out.push(BenchRow {
-                kernel: q8_kernel_name(ty, nr)?,
+                kernel: q8_label(ty, nr)?,
                 shape: shape.to_string(),
                 bytes,
                 us: t * 1e6,

@@ -23,7 +23,7 @@ use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
 use crate::expert_cache::{read_counters, CacheCounters, HostExperts, HostSet, LayerCache};
 use crate::gemv::{
-    expert_image, DeviceMatrix, ExpertStack, Q8Vec, Variant, DEFAULT_NR,
+    expert_image, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, DEFAULT_NR,
     Q8_TYPES,
 };
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
@@ -152,21 +152,27 @@ fn parse_f32_variant(v: Option<&str>) -> Option<Variant> {
     matches!(nr, 1 | 2 | 4).then(|| Variant::new(nr, x2))
 }
 
-/// Rows per lane group of the int8-activation GEMVs of the decode graph:
-/// `REDLITE_CUDA_Q8_NR` = 1, 2 or 4, for A/B runs (default
-/// [`DEFAULT_NR`]).
-fn q8_nr() -> Result<u32> {
-    parse_q8_nr(std::env::var("REDLITE_CUDA_Q8_NR").ok().as_deref())
-        .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_NR: expected 1, 2 or 4".into()))
+/// The int8-activation GEMVs' configuration in the decode graph, for A/B
+/// runs: rows per lane group `REDLITE_CUDA_Q8_NR` = 1, 2 or 4 (default
+/// [`DEFAULT_NR`]) and lanes per row at most `REDLITE_CUDA_Q8_LANES` = 4,
+/// 8, 16 or 32 (default 32).
+fn q8_nr() -> Result<Q8Variant> {
+    let var = |n: &str| std::env::var(n).ok();
+    let nr = parse_pow2(var("REDLITE_CUDA_Q8_NR").as_deref(), DEFAULT_NR, &[1, 2, 4])
+        .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_NR: expected 1, 2 or 4".into()))?;
+    let max_lanes = parse_pow2(var("REDLITE_CUDA_Q8_LANES").as_deref(), 32, &[4, 8, 16, 32])
+        .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_LANES: expected 4, 8, 16 or 32".into()))?;
+    Ok(Q8Variant {
+        max_lanes,
+        ..Q8Variant::from(nr)
+    })
 }
 
-fn parse_q8_nr(v: Option<&str>) -> Option<u32> {
+/// An environment value that must be one of `allowed` (unset: `default`).
+fn parse_pow2(v: Option<&str>, default: u32, allowed: &[u32]) -> Option<u32> {
     match v {
-        None => Some(DEFAULT_NR),
-        Some("1") => Some(1),
-        Some("2") => Some(2),
-        Some("4") => Some(4),
-        Some(_) => None,
+        None => Some(default),
+        Some(s) => s.parse().ok().filter(|n| allowed.contains(n)),
     }
 }
 
@@ -1630,11 +1636,12 @@ mod tests {
     }
 
     #[test]
-    fn q8_nr_values() {
-        assert_eq!(parse_q8_nr(None), Some(DEFAULT_NR));
-        assert_eq!(parse_q8_nr(Some("4")), Some(4));
-        for bad in ["", "3", "8", "r2"] {
-            assert_eq!(parse_q8_nr(Some(bad)), None, "{bad}");
+    fn q8_config_values() {
+        assert_eq!(parse_pow2(None, 2, &[1, 2, 4]), Some(2));
+        assert_eq!(parse_pow2(Some("4"), 2, &[1, 2, 4]), Some(4));
+        assert_eq!(parse_pow2(Some("16"), 32, &[4, 8, 16, 32]), Some(16));
+        for bad in ["", "3", "8", "r2", "-1"] {
+            assert_eq!(parse_pow2(Some(bad), 2, &[1, 2, 4]), None, "{bad}");
         }
     }
 

@@ -74,11 +74,15 @@ pub const Q8_TYPES: [GgmlType; 7] = [
 ];
 
 /// One configuration of the int8-activation kernels: `nr` rows per lane
-/// group; `smem_grid`: IQ2_XXS grid looked up in shared memory (`_q8s`).
+/// group; `smem_grid`: IQ2_XXS grid looked up in shared memory (`_q8s`);
+/// `max_lanes`: at most this many lanes (4, 8, 16 or 32) serve one row
+/// (fewer lanes per row: each walks more chunks, and a launch needs fewer
+/// blocks; a run-time argument of the same kernels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Q8Variant {
     pub nr: u32,
     pub smem_grid: bool,
+    pub max_lanes: u32,
 }
 
 impl From<u32> for Q8Variant {
@@ -86,13 +90,14 @@ impl From<u32> for Q8Variant {
         Self {
             nr,
             smem_grid: false,
+            max_lanes: 32,
         }
     }
 }
 
 /// Name of the int8-activation kernel for `ty` in configuration `v`.
 pub fn q8_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
-    let Q8Variant { nr, smem_grid } = v.into();
+    let Q8Variant { nr, smem_grid, .. } = v.into();
     ensure!(matches!(nr, 1 | 2 | 4), "rows per warp must be 1, 2 or 4");
     match ty {
         GgmlType::IQ2_XXS => Ok(format!(
@@ -109,6 +114,17 @@ pub fn q8_kernel_name(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
     }
 }
 
+/// The kernel name of `v` for reports, with its lanes cap when it has one.
+pub fn q8_label(ty: GgmlType, v: impl Into<Q8Variant>) -> Result<String> {
+    let v = v.into();
+    let name = q8_kernel_name(ty, v)?;
+    Ok(if v.max_lanes < 32 {
+        format!("{name} (<= {} lanes a row)", v.max_lanes)
+    } else {
+        name
+    })
+}
+
 /// Lane chunks per block of the int8-activation kernels (`T::CPB`).
 pub(crate) fn q8_chunks_per_block(ty: GgmlType) -> usize {
     match ty {
@@ -119,14 +135,16 @@ pub(crate) fn q8_chunks_per_block(ty: GgmlType) -> usize {
 }
 
 /// Lanes serving one row in `gemv_q8act.cuh` (`q8_lanes_per_row` there):
-/// the largest power of two <= the row's lane chunks, in 4..=32.
-pub fn q8_lanes_per_row(nch: usize) -> u32 {
-    match nch {
+/// the largest power of two <= the row's lane chunks, in 4..=32, and at
+/// most `max_lanes`.
+pub fn q8_lanes_per_row(nch: usize, max_lanes: u32) -> u32 {
+    let l = match nch {
         n if n >= 32 => 32,
         n if n >= 16 => 16,
         n if n >= 8 => 8,
         _ => 4,
-    }
+    };
+    l.min(max_lanes)
 }
 
 /// An activation vector quantized for the int8 kernels
@@ -665,10 +683,15 @@ struct Q8Launch<'a> {
 /// The grid of the int8-activation kernels (`gemv_q8act.cuh`): blocks of
 /// GEMV_WARPS warps, each warp `nr` rows per lane group, over `n_mats`
 /// matrices of `rows` x `nb` blocks of format `ty`.
-fn q8_grid(ty: GgmlType, nr: u32, nb: usize, rows: usize, n_mats: usize) -> Result<LaunchConfig> {
+fn q8_grid(ty: GgmlType, v: Q8Variant, nb: usize, rows: usize, n_mats: usize) -> Result<LaunchConfig> {
     ensure!((1..=65535).contains(&n_mats), "gemv: {n_mats} matrices");
     ensure!((1..=i32::MAX as usize).contains(&rows) && nb <= i32::MAX as usize / 4);
-    let spr = q8_lanes_per_row(nb * q8_chunks_per_block(ty));
+    ensure!(
+        matches!(v.max_lanes, 4 | 8 | 16 | 32),
+        "gemv_q8: lanes per row must be 4, 8, 16 or 32"
+    );
+    let nr = v.nr;
+    let spr = q8_lanes_per_row(nb * q8_chunks_per_block(ty), v.max_lanes);
     let rows_per_block = GEMV_WARPS * nr * (32 / spr);
     Ok(LaunchConfig {
         grid_dim: ((rows as u32).div_ceil(rows_per_block), n_mats as u32, 1),
@@ -681,7 +704,8 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
     ensure!(a.x_stride.is_multiple_of(32), "gemv_q8: x_stride % 32");
     let nb = a.layout.blocks_per_row(a.cols)?;
     let name = q8_kernel_name(a.layout.ty, a.v)?;
-    let cfg = q8_grid(a.layout.ty, a.v.nr, nb, a.rows, a.n_mats)?;
+    let cfg = q8_grid(a.layout.ty, a.v, nb, a.rows, a.n_mats)?;
+    let max_lanes = a.v.max_lanes as i32;
     let (rows_i, nb_i, xs, nf) = (
         a.rows as i32,
         nb as i32,
@@ -699,7 +723,8 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
         dptr(gpu, Some(&*y)),
     );
     // SAFETY: the argument list matches gemv_q8act.cu (u8*, u8*, i32,
-    // u64, u32* or null, i8*, f32*, i64, f32*, i32, i32). w0 holds the
+    // u64, u32* or null, i8*, f32*, i64, f32*, i32, i32, i32; the grid
+    // from q8_grid with the same lanes cap). w0 holds the
     // first n_first matrices (or slots), w1 the rest, each of `mat_bytes` >=
     // rows*nb*block bytes in the device layout of `a.layout` (a format
     // with a q8 kernel, checked by q8_kernel_name); the Q8Vec holds
@@ -721,6 +746,7 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
                 &yp,
                 &rows_i,
                 &nb_i,
+                &max_lanes,
             ],
         )
     }?;

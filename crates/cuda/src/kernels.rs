@@ -102,7 +102,7 @@ pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "norm.cu",
         source: kernel_dir!("norm.cu"),
-        kernels: &["rms_norm"],
+        kernels: &["rms_norm", "rms_norm_v8"],
     },
     KernelFile {
         name: "attn_prep.cu",
@@ -153,7 +153,13 @@ pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "elementwise.cu",
         source: kernel_dir!("elementwise.cu"),
-        kernels: &["swiglu", "add_inplace", "moe_combine", "moe_combine_norm"],
+        kernels: &[
+            "swiglu",
+            "add_inplace",
+            "moe_combine",
+            "moe_combine_norm",
+            "moe_combine_norm_v8",
+        ],
     },
     KernelFile {
         name: "expert_cache.cu",

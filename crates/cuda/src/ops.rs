@@ -79,18 +79,30 @@ pub fn rms_norm(
     let op = out.map_or(xp, |o| dptr(gpu, Some(o)));
     let (d_i, one) = (i32_of(d)?, add_one as i32);
     let (qp, qdp) = (dptr(gpu, q8.map(|q| &q.q)), dptr(gpu, q8.map(|q| &q.d)));
-    let block = if d >= 1024 { 1024 } else { 256 };
+    // 8 values a thread in registers where the shape allows (norm.cu).
+    let (name, block) = match v8_block(d) {
+        Some(b) => ("rms_norm_v8", b),
+        None => ("rms_norm", if d >= 1024 { 1024 } else { 256 }),
+    };
     // SAFETY: rms_norm(float* x, const float* res, const float* w, float*
-    // out, i8* q, float* qd, int d, float eps, int add_one); x, res, out
+    // out, i8* q, float* qd, int d, float eps, int add_one), rms_norm_v8
+    // the same with 8 * block >= d and d % 8 == 0 (v8_block); x, res, out
     // hold rows*d floats, w d floats, q rows*d bytes and qd rows*d/32
     // floats with d % 32 == 0 (checked above).
     unsafe {
         gpu.launch(
-            "rms_norm",
+            name,
             cfg((rows as u32, 1), block),
             &[&xp, &rp, &wp, &op, &qp, &qdp, &d_i, &eps, &one],
         )
     }
+}
+
+/// The block of the 8-values-a-thread kernels (`rms_norm_v8`,
+/// `moe_combine_norm_v8`) for rows of `d`: whole warps covering d, when d
+/// is whole 16-byte pairs and fits their launch bound (512 threads).
+fn v8_block(d: usize) -> Option<u32> {
+    (d.is_multiple_of(8) && d <= 8 * 512).then(|| (d / 8).div_ceil(32).max(1) as u32 * 32)
 }
 
 /// Shapes of one attention layer on the device.
@@ -735,13 +747,18 @@ pub fn moe_combine(
         ensure!(n.q8.is_none_or(|q| q.n >= d && d.is_multiple_of(32)));
         let (wp, hp) = (dptr(gpu, Some(n.w)), dptr(gpu, Some(n.h)));
         let (qp, qdp) = q8ptrs(gpu, n.q8);
+        let (name, block) = match v8_block(d) {
+            Some(b) => ("moe_combine_norm_v8", b),
+            None => ("moe_combine_norm", 1024),
+        };
         // SAFETY: moe_combine_norm(x, ys, w, k, d, sh, sh_logit, norm_w,
-        // eps, h, q, qd); x, h, norm_w hold d floats, ys k*d, w k, q/qd d
-        // values with d % 32 == 0 (checked above); one block.
+        // eps, h, q, qd), moe_combine_norm_v8 the same with 8 * block >= d
+        // and d % 8 == 0 (v8_block); x, h, norm_w hold d floats, ys k*d, w
+        // k, q/qd d values with d % 32 == 0 (checked above); one block.
         return unsafe {
             gpu.launch(
-                "moe_combine_norm",
-                cfg((1, 1), 1024),
+                name,
+                cfg((1, 1), block),
                 &[
                     &p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4], &wp, &n.eps, &hp, &qp, &qdp,
                 ],

@@ -4,7 +4,7 @@
 use crate::device::Gpu;
 use crate::error::Result;
 use crate::gemv::{
-    kernel_name, q8_kernel_name, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
+    kernel_name, q8_label, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, Q8_TYPES,
 };
 use crate::layout::{layout, GEMV_TYPES};
 use crate::testdata::{
@@ -195,7 +195,26 @@ pub fn q8_variants() -> Vec<(GgmlType, Q8Variant)> {
                 continue;
             }
             for nr in [1, 2, 4] {
-                v.push((ty, Q8Variant { nr, smem_grid }));
+                v.push((
+                    ty,
+                    Q8Variant {
+                        nr,
+                        smem_grid,
+                        max_lanes: 32,
+                    },
+                ));
+            }
+            // The lanes cap (`REDLITE_CUDA_Q8_LANES`): each lane walks more
+            // chunks of a row.
+            for max_lanes in [16, 8] {
+                v.push((
+                    ty,
+                    Q8Variant {
+                        nr: 2,
+                        smem_grid,
+                        max_lanes,
+                    },
+                ));
             }
         }
     }
@@ -218,7 +237,7 @@ fn run_q8(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
     };
     for (ty, nr) in q8_variants() {
         let l = layout(ty)?;
-        let mut worst = Worst::new(q8_kernel_name(ty, nr)?);
+        let mut worst = Worst::new(q8_label(ty, nr)?);
         worst.vs_f32 = Some(0.0);
         let mut sz = sizes(l.qk);
         sz.push((100, 768)); // 12 chunks per row: a partial second step

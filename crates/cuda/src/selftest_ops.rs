@@ -73,7 +73,8 @@ fn check_q8(gpu: &Gpu, out: &[f32], q8: &Q8Vec, w: &mut Worst) -> Result<()> {
 
 fn rms_norm(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
     let mut w = Worst::new("rms_norm (+residual, (1+w))".into());
-    for (rows, d) in [(1, 2048), (4, 256), (16, 64), (3, 4096), (32, 128)] {
+    // rms_norm_v8 up to 4096 (d % 8 == 0), rms_norm beyond or otherwise.
+    for (rows, d) in [(1, 2048), (4, 256), (16, 64), (3, 4096), (32, 128), (2, 100), (1, 8192)] {
         for (with_res, add_one) in [(false, false), (true, false), (false, true), (true, true)] {
             let x = random_vec(rows * d, rng);
             let res = random_vec(rows * d, rng);
@@ -98,7 +99,7 @@ fn rms_norm(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
 /// reference, q and d against the CPU model of quantize_q8_32 applied to
 /// that output (abs = worst |q - q_cpu|, at most 1 at a rounding tie).
 fn rms_norm_q8(gpu: &Gpu, rng: &mut Rng, w: &mut Worst) -> Result<()> {
-    for (rows, d) in [(1, 2048), (4, 256), (2, 4096)] {
+    for (rows, d) in [(1, 2048), (4, 256), (2, 4096), (1, 8192)] {
         let x = random_vec(rows * d, rng);
         let wt = scaled(d, 0.5, 1.5, rng);
         let (_, want) = r::rms_norm(&x, None, &wt, d, 1e-6, false);
@@ -544,8 +545,10 @@ fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
             .collect();
         fold(&mut w, compare(&down(gpu, &xd)?, &want));
     }
-    // 5120: more values than the combine keeps in registers (4 per thread).
-    for (d, k) in [(2048, 10), (256, 4), (64, 1), (5120, 3)] {
+    // 5120: more values than the combine keeps in registers (4 per thread)
+    // and than moe_combine_norm_v8 takes; 4096 with 13 experts: three
+    // groups of its expert loop, the last partial.
+    for (d, k) in [(2048, 10), (256, 4), (64, 1), (5120, 3), (4096, 13)] {
         for shared in [false, true] {
             let x = random_vec(d, rng);
             let ys = random_vec(k * d, rng);
