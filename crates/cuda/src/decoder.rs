@@ -155,18 +155,29 @@ fn parse_f32_variant(v: Option<&str>) -> Option<Variant> {
 /// The int8-activation GEMVs' configuration in the decode graph, for A/B
 /// runs: rows per lane group `REDLITE_CUDA_Q8_NR` = 1, 2 or 4 (default
 /// [`DEFAULT_NR`]) and lanes per row at most `REDLITE_CUDA_Q8_LANES` = 4,
-/// 8, 16 or 32 (default 32).
+/// 8, 16 or 32 (default [`DECODE_Q8_LANES`]).
 fn q8_nr() -> Result<Q8Variant> {
     let var = |n: &str| std::env::var(n).ok();
     let nr = parse_pow2(var("REDLITE_CUDA_Q8_NR").as_deref(), DEFAULT_NR, &[1, 2, 4])
         .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_NR: expected 1, 2 or 4".into()))?;
-    let max_lanes = parse_pow2(var("REDLITE_CUDA_Q8_LANES").as_deref(), 32, &[4, 8, 16, 32])
+    let max_lanes = parse_pow2(
+        var("REDLITE_CUDA_Q8_LANES").as_deref(),
+        DECODE_Q8_LANES,
+        &[4, 8, 16, 32],
+    )
         .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_LANES: expected 4, 8, 16 or 32".into()))?;
     Ok(Q8Variant {
         max_lanes,
         ..Q8Variant::from(nr)
     })
 }
+
+/// At most 16 lanes a row in the decode graph's int8 GEMVs: a 2048-wide
+/// row's 32 chunks go two to a lane, so the big launches (q|k|v, the
+/// routed gate|up: 1,000-1,500 blocks of 8 rows) need half the blocks and
+/// fit in one wave of resident blocks. +3% decode on the H200 against 32
+/// lanes, and 8 lanes -10% (bench/RESULTS.md, fifth pass).
+const DECODE_Q8_LANES: u32 = 16;
 
 /// An environment value that must be one of `allowed` (unset: `default`).
 fn parse_pow2(v: Option<&str>, default: u32, allowed: &[u32]) -> Option<u32> {
