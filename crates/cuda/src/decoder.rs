@@ -23,9 +23,10 @@ use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
 use crate::expert_cache::{read_counters, CacheCounters, HostExperts, HostSet, LayerCache};
 use crate::gemv::{
-    expert_image, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant, DEFAULT_NR,
-    Q8_TYPES,
+    expert_image, q8_chunks_per_block, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant,
+    DEFAULT_NR, Q8_TYPES,
 };
+use crate::layout::DeviceLayout;
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
@@ -116,7 +117,7 @@ fn mv(
 ) -> Result<()> {
     match xq {
         Some(q) if Q8_TYPES.contains(&m.layout.ty) && q.n >= m.cols => {
-            m.gemv_q8(gpu, q, y, q8_nr()?)
+            m.gemv_q8(gpu, q, y, q8_nr(&m.layout, m.cols)?)
         }
         _ if m.layout.ty == GgmlType::F32 => m.gemv(gpu, x, y, f32_variant()?),
         _ => m.gemv(gpu, x, y, DEFAULT_NR),
@@ -152,22 +153,31 @@ fn parse_f32_variant(v: Option<&str>) -> Option<Variant> {
     matches!(nr, 1 | 2 | 4).then(|| Variant::new(nr, x2))
 }
 
-/// The int8-activation GEMVs' configuration in the decode graph, for A/B
-/// runs: rows per lane group `REDLITE_CUDA_Q8_NR` = 1, 2 or 4 (default
-/// [`DEFAULT_NR`]) and lanes per row at most `REDLITE_CUDA_Q8_LANES` = 4,
-/// 8, 16 or 32 (default [`DECODE_Q8_LANES`]).
-fn q8_nr() -> Result<Q8Variant> {
+/// The int8-activation GEMVs' configuration in the decode graph for a
+/// matrix of `layout` with `cols` columns, with overrides for A/B runs:
+/// rows per lane group `REDLITE_CUDA_Q8_NR` = 1, 2 or 4 (default
+/// [`DEFAULT_NR`]); lanes per row at most `REDLITE_CUDA_Q8_LANES` = 4, 8,
+/// 16 or 32 (default [`DECODE_Q8_LANES`]), for rows of more than 32 lane
+/// chunks (4096-wide inputs) `REDLITE_CUDA_Q8_LANES_WIDE` (the same
+/// values, default the narrow rows' cap).
+fn q8_nr(layout: &DeviceLayout, cols: usize) -> Result<Q8Variant> {
     let var = |n: &str| std::env::var(n).ok();
     let nr = parse_pow2(var("REDLITE_CUDA_Q8_NR").as_deref(), DEFAULT_NR, &[1, 2, 4])
         .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_NR: expected 1, 2 or 4".into()))?;
-    let max_lanes = parse_pow2(
+    let lanes = [4, 8, 16, 32];
+    let narrow = parse_pow2(
         var("REDLITE_CUDA_Q8_LANES").as_deref(),
         DECODE_Q8_LANES,
-        &[4, 8, 16, 32],
+        &lanes,
     )
-        .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_LANES: expected 4, 8, 16 or 32".into()))?;
+    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_LANES: expected 4, 8, 16 or 32".into()))?;
+    let wide = parse_pow2(var("REDLITE_CUDA_Q8_LANES_WIDE").as_deref(), narrow, &lanes)
+        .ok_or_else(|| {
+            CudaError::Invalid("REDLITE_CUDA_Q8_LANES_WIDE: expected 4, 8, 16 or 32".into())
+        })?;
+    let nch = layout.blocks_per_row(cols)? * q8_chunks_per_block(layout.ty);
     Ok(Q8Variant {
-        max_lanes,
+        max_lanes: if nch > 32 { wide } else { narrow },
         ..Q8Variant::from(nr)
     })
 }
@@ -490,7 +500,8 @@ impl FfnOp {
         let ff = self.gate.rows;
         match (&mut self.gu, hq) {
             (Some(gu), Some(hq)) if hq.n >= self.gate.cols => {
-                self.gate.gemv_q8_pair(&self.up, gpu, hq, gu, q8_nr()?)?;
+                let v = q8_nr(&self.gate.layout, self.gate.cols)?;
+                self.gate.gemv_q8_pair(&self.up, gpu, hq, gu, v)?;
                 ops::swiglu(gpu, (gu, 0), (gu, ff), &self.g, self.gq.as_ref(), ff)?;
             }
             _ => {
@@ -723,8 +734,9 @@ impl Op {
                 let kf = k * ff;
                 match (&mut m.ygu, hq) {
                     (Some(ygu), Some(hq)) => {
+                        let v = q8_nr(&x.gate.layout, x.gate.cols)?;
                         ExpertStack::gemv_gate_up_q8(
-                            &x.gate, &x.up, gpu, &m.slots, k, hq, ygu, q8_nr()?,
+                            &x.gate, &x.up, gpu, &m.slots, k, hq, ygu, v,
                         )?;
                         cap.mark(gpu, "MoE: routed experts SwiGLU")?;
                         ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, m.actq.as_ref(), kf)?;
@@ -741,7 +753,7 @@ impl Op {
                 match &m.actq {
                     Some(q) => {
                         x.down
-                            .gemv_q8(gpu, &m.slots, k, q, ff, &mut m.yd, q8_nr()?)?;
+                            .gemv_q8(gpu, &m.slots, k, q, ff, &mut m.yd, q8_nr(&x.down.layout, ff)?)?;
                     }
                     None => x
                         .down
