@@ -735,9 +735,7 @@ impl Op {
                 match (&mut m.ygu, hq) {
                     (Some(ygu), Some(hq)) => {
                         let v = q8_nr(&x.gate.layout, x.gate.cols)?;
-                        ExpertStack::gemv_gate_up_q8(
-                            &x.gate, &x.up, gpu, &m.slots, k, hq, ygu, v,
-                        )?;
+                        ExpertStack::gemv_gate_up_q8(&x.gate, &x.up, gpu, &m.slots, k, hq, ygu, v)?;
                         cap.mark(gpu, "MoE: routed experts SwiGLU")?;
                         ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, m.actq.as_ref(), kf)?;
                     }
@@ -752,8 +750,15 @@ impl Op {
                 cap.mark(gpu, "MoE: routed experts down GEMV")?;
                 match &m.actq {
                     Some(q) => {
-                        x.down
-                            .gemv_q8(gpu, &m.slots, k, q, ff, &mut m.yd, q8_nr(&x.down.layout, ff)?)?;
+                        x.down.gemv_q8(
+                            gpu,
+                            &m.slots,
+                            k,
+                            q,
+                            ff,
+                            &mut m.yd,
+                            q8_nr(&x.down.layout, ff)?,
+                        )?;
                     }
                     None => x
                         .down
@@ -1671,6 +1676,9 @@ mod tests {
     #[test]
     fn ablation_labels() {
         assert!(parse_ablation("").is_empty());
-        assert_eq!(parse_ablation(" top-k, ,DeltaNet: fused "), ["top-k", "DeltaNet: fused"]);
+        assert_eq!(
+            parse_ablation(" top-k, ,DeltaNet: fused "),
+            ["top-k", "DeltaNet: fused"]
+        );
     }
 }

@@ -683,7 +683,13 @@ struct Q8Launch<'a> {
 /// The grid of the int8-activation kernels (`gemv_q8act.cuh`): blocks of
 /// GEMV_WARPS warps, each warp `nr` rows per lane group, over `n_mats`
 /// matrices of `rows` x `nb` blocks of format `ty`.
-fn q8_grid(ty: GgmlType, v: Q8Variant, nb: usize, rows: usize, n_mats: usize) -> Result<LaunchConfig> {
+fn q8_grid(
+    ty: GgmlType,
+    v: Q8Variant,
+    nb: usize,
+    rows: usize,
+    n_mats: usize,
+) -> Result<LaunchConfig> {
     ensure!((1..=65535).contains(&n_mats), "gemv: {n_mats} matrices");
     ensure!((1..=i32::MAX as usize).contains(&rows) && nb <= i32::MAX as usize / 4);
     ensure!(

@@ -412,14 +412,7 @@ mod tests {
         assert_eq!(d, ["-DCMB_MAXV=8", "-DX_2=-1"]);
         let o = nvrtc_options("x.cu", &d).options;
         assert!(o.contains(&"-DCMB_MAXV=8".to_string()));
-        for bad in [
-            "CMB_MAXV",
-            "=3",
-            "A=b",
-            "2A=1",
-            "A-B=1",
-            "A=1;B=2",
-        ] {
+        for bad in ["CMB_MAXV", "=3", "A=b", "2A=1", "A-B=1", "A=1;B=2"] {
             let e = parse_defines(Some(bad)).unwrap_err().to_string();
             assert!(e.contains("REDLITE_CUDA_DEFINES"), "{bad}: {e}");
         }

@@ -74,7 +74,15 @@ fn check_q8(gpu: &Gpu, out: &[f32], q8: &Q8Vec, w: &mut Worst) -> Result<()> {
 fn rms_norm(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
     let mut w = Worst::new("rms_norm (+residual, (1+w))".into());
     // rms_norm_v8 up to 4096 (d % 8 == 0), rms_norm beyond or otherwise.
-    for (rows, d) in [(1, 2048), (4, 256), (16, 64), (3, 4096), (32, 128), (2, 100), (1, 8192)] {
+    for (rows, d) in [
+        (1, 2048),
+        (4, 256),
+        (16, 64),
+        (3, 4096),
+        (32, 128),
+        (2, 100),
+        (1, 8192),
+    ] {
         for (with_res, add_one) in [(false, false), (true, false), (false, true), (true, true)] {
             let x = random_vec(rows * d, rng);
             let res = random_vec(rows * d, rng);
