@@ -8,7 +8,8 @@
 // slot_of[expert] (the slot table; null: the identity, full residency).
 //
 // Launch: one block of 32 * ceil(n / 32) threads (grid 1), one logit per
-// thread. n <= ROUTER_MAX_N = 1024, 1 <= k <= min(n, 32).
+// thread (router_topk_spread: any grid, see router_topk_body). n <=
+// ROUTER_MAX_N = 1024, 1 <= k <= min(n, 32).
 //
 // The work is a chain of block barriers, so the design minimises barriers,
 // not arithmetic (the old one-warp kernel did k serial rounds of a
@@ -54,11 +55,46 @@ __device__ __forceinline__ int router_count_before(bool pred, u32* wc) {
     return before;
 }
 
-extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
-    router_topk(const float* __restrict__ logits, int n, int k, int norm,
-                const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
-                u32* __restrict__ experts_out, float* __restrict__ w_out) {
-    PDL_PROLOGUE();
+// The chosen experts' slot images into L2, this block's share of them
+// (router_topk_spread): k experts x the three stacks' `stride` bytes, cut
+// into 128-byte lines and dealt out to the grid's blocks in order, one
+// prefetch per line. `chosen` (shared) holds the k experts.
+__device__ __forceinline__ void router_prefetch_experts(const u32* chosen, int k,
+                                                        const u32* __restrict__ slot_of,
+                                                        const u8* g, const u8* u, const u8* d,
+                                                        u64 sg, u64 su, u64 sd) {
+    const u64 lg = (sg + 127) >> 7, lu = (su + 127) >> 7, ld = (sd + 127) >> 7;
+    const u64 per = lg + lu + ld, total = per * (u64)k;
+    const u64 share = (total + gridDim.x - 1) / gridDim.x;
+    const u64 l0 = share * blockIdx.x, l1 = l0 + share < total ? l0 + share : total;
+    for (u64 l = l0 + threadIdx.x; l < l1; l += blockDim.x) {
+        const u64 e = l / per, r = l - e * per;
+        const u32 id = chosen[e];
+        const u64 slot = slot_of ? slot_of[id] : id;
+        const u8* p = r < lg        ? g + slot * sg + (r << 7)
+                      : r < lg + lu ? u + slot * su + ((r - lg) << 7)
+                                    : d + slot * sd + ((r - lg - lu) << 7);
+        l2_prefetch_line(p);
+    }
+}
+
+// SPREAD (router_topk_spread): every block of the grid makes the same
+// selection (the logits are 4 KB of L2 reads; the barriers are the
+// cost, and the blocks run them side by side), then asks L2 for its share
+// of the chosen experts' gate, up and down slot images, so that the
+// routed GEMVs right after find them there: the prefetch is spread over
+// the SMs (one block issuing all of it measured 34% slower,
+// docs/what-did-not-work.md). Block 0 alone writes the outputs. The
+// stacks' images are `sg`, `su`, `sd` bytes apart; at full residency
+// (slot_of null) slot = expert.
+template <bool SPREAD>
+__device__ __forceinline__ void router_topk_body(const float* __restrict__ logits, int n, int k,
+                                                 int norm, const u32* __restrict__ slot_of,
+                                                 u32* __restrict__ slots_out,
+                                                 u32* __restrict__ experts_out,
+                                                 float* __restrict__ w_out, const u8* pg,
+                                                 const u8* pu, const u8* pd, u64 sg, u64 su,
+                                                 u64 sd) {
     __shared__ float s_e[ROUTER_MAX_N];
     __shared__ float s_wmax[32];
     __shared__ float s_inv;
@@ -132,6 +168,10 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
         s_win_p[pos] = p;
     }
     __syncthreads();
+    if (SPREAD) {
+        router_prefetch_experts(s_win_e, k, slot_of, pg, pu, pd, sg, su, sd);
+        if (blockIdx.x != 0) return;
+    }
     if (warp != 0) return;
 
     // lane i: chosen i; its rank in selection order (p desc, then index asc;
@@ -154,4 +194,24 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
         slots_out[lane] = slot_of ? slot_of[me] : me;
         w_out[lane] = norm ? mp / s : mp;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
+    router_topk(const float* __restrict__ logits, int n, int k, int norm,
+                const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
+                u32* __restrict__ experts_out, float* __restrict__ w_out) {
+    PDL_PROLOGUE();
+    router_topk_body<false>(logits, n, k, norm, slot_of, slots_out, experts_out, w_out, nullptr,
+                            nullptr, nullptr, 0, 0, 0);
+}
+
+// Launch: as router_topk, on a grid of any number of blocks.
+extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
+    router_topk_spread(const float* __restrict__ logits, int n, int k, int norm,
+                       const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
+                       u32* __restrict__ experts_out, float* __restrict__ w_out, const u8* pg,
+                       const u8* pu, const u8* pd, u64 sg, u64 su, u64 sd) {
+    PDL_PROLOGUE();
+    router_topk_body<true>(logits, n, k, norm, slot_of, slots_out, experts_out, w_out, pg, pu, pd,
+                           sg, su, sd);
 }

@@ -162,16 +162,16 @@ fn parse_f32_variant(v: Option<&str>) -> Option<Variant> {
 /// values, default the narrow rows' cap).
 fn q8_nr(layout: &DeviceLayout, cols: usize) -> Result<Q8Variant> {
     let var = |n: &str| std::env::var(n).ok();
-    let nr = parse_pow2(var("REDLITE_CUDA_Q8_NR").as_deref(), DEFAULT_NR, &[1, 2, 4])
+    let nr = parse_choice(var("REDLITE_CUDA_Q8_NR").as_deref(), DEFAULT_NR, &[1, 2, 4])
         .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_NR: expected 1, 2 or 4".into()))?;
     let lanes = [4, 8, 16, 32];
-    let narrow = parse_pow2(
+    let narrow = parse_choice(
         var("REDLITE_CUDA_Q8_LANES").as_deref(),
         DECODE_Q8_LANES,
         &lanes,
     )
     .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_LANES: expected 4, 8, 16 or 32".into()))?;
-    let wide = parse_pow2(var("REDLITE_CUDA_Q8_LANES_WIDE").as_deref(), narrow, &lanes)
+    let wide = parse_choice(var("REDLITE_CUDA_Q8_LANES_WIDE").as_deref(), narrow, &lanes)
         .ok_or_else(|| {
             CudaError::Invalid("REDLITE_CUDA_Q8_LANES_WIDE: expected 4, 8, 16 or 32".into())
         })?;
@@ -182,6 +182,38 @@ fn q8_nr(layout: &DeviceLayout, cols: usize) -> Result<Q8Variant> {
     })
 }
 
+/// Whether a MoE layer's shared expert runs on a branch of the graph (its
+/// own stream, forked after the router's input is ready and joined before
+/// the combine; the default) or in the main chain of launches:
+/// `REDLITE_CUDA_SHARED_BRANCH` = 1 or 0, for an A/B (the branch was
+/// measured before PDL; with PDL the join may cost the combine its early
+/// launch).
+fn shared_branch() -> Result<bool> {
+    parse_choice(
+        std::env::var("REDLITE_CUDA_SHARED_BRANCH").ok().as_deref(),
+        1,
+        &[0, 1],
+    )
+    .map(|v| v == 1)
+    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_SHARED_BRANCH: expected 0 or 1".into()))
+}
+
+/// Whether the routed top-k runs on one block per SM, each making the
+/// selection and then asking L2 for its share of the chosen experts' gate,
+/// up and down images, so that the routed GEMVs after it read L2 instead
+/// of DRAM (`router_topk_spread`; full residency only):
+/// `REDLITE_CUDA_TOPK_SPREAD` = 1, or 0 (the default until an A/B on the
+/// GPU shows it pays; identical outputs, `redlite selftest`).
+fn topk_spread() -> Result<bool> {
+    parse_choice(
+        std::env::var("REDLITE_CUDA_TOPK_SPREAD").ok().as_deref(),
+        0,
+        &[0, 1],
+    )
+    .map(|v| v == 1)
+    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_TOPK_SPREAD: expected 0 or 1".into()))
+}
+
 /// At most 16 lanes a row in the decode graph's int8 GEMVs: a 2048-wide
 /// row's 32 chunks go two to a lane, so the big launches (q|k|v, the
 /// routed gate|up: 1,000-1,500 blocks of 8 rows) need half the blocks and
@@ -190,7 +222,7 @@ fn q8_nr(layout: &DeviceLayout, cols: usize) -> Result<Q8Variant> {
 const DECODE_Q8_LANES: u32 = 16;
 
 /// An environment value that must be one of `allowed` (unset: `default`).
-fn parse_pow2(v: Option<&str>, default: u32, allowed: &[u32]) -> Option<u32> {
+fn parse_choice(v: Option<&str>, default: u32, allowed: &[u32]) -> Option<u32> {
     match v {
         None => Some(default),
         Some(s) => s.parse().ok().filter(|n| allowed.contains(n)),
@@ -522,6 +554,12 @@ impl MoeOp {
         let Some(s) = &mut self.shared else {
             return Ok(None);
         };
+        if !shared_branch()? {
+            // In the main chain (an A/B against the branch's join).
+            cap.mark(gpu, "MoE: shared expert (in the main chain)")?;
+            s.run(gpu, &b.h, b.hq.as_ref())?;
+            return Ok(None);
+        }
         let side = cap.shared;
         let ev = gpu.stream.record_event(None)?;
         side.stream.wait(&ev)?;
@@ -582,7 +620,13 @@ impl MoeOp {
             cap.pending = Some(side.stream.record_event(None)?);
         }
         cap.mark(gpu, "MoE: top-k (+ cache plan)")?;
-        ops::router_topk(
+        // At full residency the top-k may prefetch the chosen experts (an
+        // A/B, see topk_spread); with a cache the plan picks the slots after it.
+        let spread = (x.cache.is_none() && topk_spread()?).then(|| ops::ExpertStacks {
+            stacks: [&x.gate, &x.up, &x.down].map(|s| (&s.buf, s.stride as u64, s.n_slots)),
+            blocks: gpu.sms as u32,
+        });
+        ops::router_topk_spread(
             gpu,
             m.router.part(0),
             x.n_expert,
@@ -592,6 +636,7 @@ impl MoeOp {
             &m.slots,
             &m.experts,
             &m.w,
+            spread,
         )?;
         if let Some(c) = &x.cache {
             if let Some(ev) = wait {
@@ -1665,12 +1710,16 @@ mod tests {
 
     #[test]
     fn q8_config_values() {
-        assert_eq!(parse_pow2(None, 2, &[1, 2, 4]), Some(2));
-        assert_eq!(parse_pow2(Some("4"), 2, &[1, 2, 4]), Some(4));
-        assert_eq!(parse_pow2(Some("16"), 32, &[4, 8, 16, 32]), Some(16));
+        assert_eq!(parse_choice(None, 2, &[1, 2, 4]), Some(2));
+        assert_eq!(parse_choice(Some("4"), 2, &[1, 2, 4]), Some(4));
+        assert_eq!(parse_choice(Some("16"), 32, &[4, 8, 16, 32]), Some(16));
         for bad in ["", "3", "8", "r2", "-1"] {
-            assert_eq!(parse_pow2(Some(bad), 2, &[1, 2, 4]), None, "{bad}");
+            assert_eq!(parse_choice(Some(bad), 2, &[1, 2, 4]), None, "{bad}");
         }
+        // the on/off switches (REDLITE_CUDA_SHARED_BRANCH, _TOPK_SPREAD)
+        assert_eq!(parse_choice(Some("0"), 1, &[0, 1]), Some(0));
+        assert_eq!(parse_choice(None, 1, &[0, 1]), Some(1));
+        assert_eq!(parse_choice(Some("on"), 1, &[0, 1]), None);
     }
 
     #[test]

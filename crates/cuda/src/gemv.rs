@@ -807,3 +807,39 @@ fn launch(
     }?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The grid of the int8 kernels under a lanes cap: a block covers
+    /// GEMV_WARPS warps of nr rows per lane group, 32 / lanes groups a warp
+    /// (the kernel's `wrow0`), so every row is covered exactly once.
+    #[test]
+    fn q8_grid_under_a_lanes_cap() {
+        // IQ2_XXS, 2048 columns: 8 blocks of 4 chunks = 32 chunks a row.
+        let v = |nr, max_lanes| Q8Variant {
+            nr,
+            smem_grid: false,
+            max_lanes,
+        };
+        for (lanes, rows_per_block) in [(32, 8), (16, 16), (8, 32), (4, 64)] {
+            assert_eq!(q8_lanes_per_row(32, lanes), lanes);
+            let g = q8_grid(GgmlType::IQ2_XXS, v(2, lanes), 8, 10240, 3).unwrap();
+            assert_eq!(g.grid_dim, (10240u32.div_ceil(rows_per_block), 3, 1));
+        }
+        // A narrow row (8 chunks) is not widened by the cap.
+        assert_eq!(q8_lanes_per_row(8, 32), 8);
+        assert_eq!(q8_lanes_per_row(8, 16), 8);
+        assert_eq!(q8_lanes_per_row(8, 4), 4);
+        assert!(q8_grid(GgmlType::IQ2_XXS, v(2, 12), 8, 64, 1).is_err());
+        assert_eq!(
+            q8_label(GgmlType::Q8_0, v(2, 16)).unwrap(),
+            "gemv_q8_0_q8_r2 (<= 16 lanes a row)"
+        );
+        assert_eq!(
+            q8_label(GgmlType::Q8_0, v(2, 32)).unwrap(),
+            "gemv_q8_0_q8_r2"
+        );
+    }
+}

@@ -632,6 +632,35 @@ pub fn router_topk(
     experts: &CudaSlice<u32>,
     w: &CudaSlice<f32>,
 ) -> Result<()> {
+    router_topk_spread(gpu, logits, n, k, norm, slot_of, slots, experts, w, None)
+}
+
+/// The routed experts' three slot stacks, for [`router_topk_spread`] to
+/// prefetch the chosen experts from: (buffer, bytes between slots, slots).
+pub struct ExpertStacks<'a> {
+    pub stacks: [(&'a CudaSlice<u8>, u64, usize); 3],
+    /// Blocks of the launch (each makes the selection, then prefetches its
+    /// share).
+    pub blocks: u32,
+}
+
+/// [`router_topk`], and with `spread` on a grid of `spread.blocks` blocks
+/// that also ask L2 for the chosen experts' gate, up and down slot images
+/// (`router_topk_spread` in router.cu), every block a share; identical
+/// outputs.
+#[allow(clippy::too_many_arguments)]
+pub fn router_topk_spread(
+    gpu: &Gpu,
+    logits: At,
+    n: usize,
+    k: usize,
+    norm: bool,
+    slot_of: Option<&CudaSlice<u32>>,
+    slots: &CudaSlice<u32>,
+    experts: &CudaSlice<u32>,
+    w: &CudaSlice<f32>,
+    spread: Option<ExpertStacks>,
+) -> Result<()> {
     ensure!(
         (1..=1024).contains(&n) && (1..=32).contains(&k) && k <= n,
         "router: {k} of {n} experts (device kernel: n <= 1024, k <= 32)"
@@ -649,14 +678,50 @@ pub fn router_topk(
     // One thread per logit, whole warps: the kernel's barriers cost less
     // with fewer warps, so no more than n needs.
     let threads = n.div_ceil(32) as u32 * 32;
-    // SAFETY: router_topk(logits, n, k, norm, slot_of, slots_out,
-    // experts_out, w_out); sizes checked above; the kernel needs
-    // 32 * ceil(n / 32) threads (<= its launch bound of 1024, as n <= 1024).
+    let Some(sp) = spread else {
+        // SAFETY: router_topk(logits, n, k, norm, slot_of, slots_out,
+        // experts_out, w_out); sizes checked above; the kernel needs
+        // 32 * ceil(n / 32) threads (<= its launch bound of 1024, as n <= 1024).
+        return unsafe {
+            gpu.launch(
+                "router_topk",
+                cfg((1, 1), threads),
+                &[&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]],
+            )
+        };
+    };
+    ensure!(sp.blocks >= 1, "router: a spread launch needs a block");
+    // Every expert id (slot_of None: the id is the slot) or slot_of entry
+    // must name a slot of each stack, and each stack hold its slots.
+    let n_slots = sp.stacks.iter().map(|s| s.2).min().unwrap_or(0);
+    ensure!(
+        slot_of.is_some() || n <= n_slots,
+        "router: {n} experts but {n_slots} slots to prefetch from"
+    );
+    let mut a = [0u64; 3];
+    let mut st = [0u64; 3];
+    for (i, &(buf, stride, count)) in sp.stacks.iter().enumerate() {
+        ensure!(
+            (buf.len() as u64) >= stride * count as u64,
+            "router: a stack shorter than its slots"
+        );
+        a[i] = dptr(gpu, Some(buf));
+        st[i] = stride;
+    }
+    // SAFETY: router_topk_spread(logits, n, k, norm, slot_of, slots_out,
+    // experts_out, w_out, gate, up, down, gate_stride, up_stride,
+    // down_stride); sizes checked above; each stack holds `count` slots of
+    // `stride` bytes and every slot the kernel computes (an expert id <
+    // n <= count without a table; with one, the caller's table names
+    // slots of the stacks) lies inside.
     unsafe {
         gpu.launch(
-            "router_topk",
-            cfg((1, 1), threads),
-            &[&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]],
+            "router_topk_spread",
+            cfg((sp.blocks, 1), threads),
+            &[
+                &p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4], &a[0], &a[1], &a[2],
+                &st[0], &st[1], &st[2],
+            ],
         )
     }
 }
@@ -778,6 +843,26 @@ pub fn moe_combine(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 8-values-a-thread kernels: whole warps covering d, only for
+    /// d % 8 == 0 up to their 512-thread bound; the 1024-thread kernels
+    /// otherwise.
+    #[test]
+    fn v8_block_shapes() {
+        assert_eq!(v8_block(2048), Some(256));
+        assert_eq!(v8_block(64), Some(32));
+        assert_eq!(v8_block(264), Some(64)); // 33 threads -> two warps
+        assert_eq!(v8_block(4096), Some(512));
+        assert_eq!(v8_block(4104), None);
+        assert_eq!(v8_block(100), None);
+        for d in (8..=4096).step_by(8) {
+            let b = v8_block(d).unwrap() as usize;
+            assert!(
+                b.is_multiple_of(32) && 8 * b >= d && 8 * (b - 32) < d,
+                "{d}"
+            );
+        }
+    }
 
     fn bits(x: f32) -> u16 {
         half::f16::from_f32(x).to_bits()

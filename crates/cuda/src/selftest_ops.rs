@@ -481,7 +481,7 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
 
 fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
     let mut w =
-        Worst::new("router_topk (softmax, top-k, renorm, slots; abs err of weights)".into());
+        Worst::new("router_topk (softmax, top-k, renorm, slots; abs err of weights), router_topk_spread (the same bits)".into());
     // n not a multiple of 32 (a partial last warp), n = k, k = 1 and 32,
     // the largest n; `ties`: logits on a coarse grid, so the k-th largest
     // p is tied with others and the lower expert indices must win (equal
@@ -525,7 +525,32 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
                 && ev.iter().zip(&sv).all(|(&e, &s)| slot_of[e as usize] == s);
             let ww: Vec<f64> = want.iter().map(|c| c.1).collect();
             let (a, rel, written) = compare(&wv, &ww);
-            fold(&mut w, (a, rel, written && ids_ok));
+            // router_topk_spread (several blocks, each prefetching a share
+            // of the chosen experts from three stacks) must write exactly
+            // what router_topk wrote.
+            let stack = gpu.stream.alloc_zeros::<u8>(n * 384)?;
+            let spread = ops::ExpertStacks {
+                stacks: [(&stack, 384, n), (&stack, 256, n), (&stack, 130, n)],
+                blocks: 7,
+            };
+            let (sd2, ed2) = (up(gpu, &vec![u32::MAX; k])?, up(gpu, &vec![u32::MAX; k])?);
+            let wd2 = nan(gpu, k)?;
+            ops::router_topk_spread(
+                gpu,
+                (&ld, 0),
+                n,
+                k,
+                norm,
+                Some(&sod),
+                &sd2,
+                &ed2,
+                &wd2,
+                Some(spread),
+            )?;
+            let same = same_bits(&down(gpu, &wd2)?, &wv)
+                && gpu.stream.clone_dtoh(&sd2)? == sv
+                && gpu.stream.clone_dtoh(&ed2)? == ev;
+            fold(&mut w, (a, rel, written && ids_ok && same));
         }
     }
     Ok(w)
