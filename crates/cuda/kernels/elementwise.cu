@@ -158,14 +158,5 @@ extern "C" __global__ void __launch_bounds__(512)
         }
         st8(x + i, v);
     }
-    double ss = 0.0;
-#pragma unroll
-    for (int e = 0; e < 8; e++) ss += (double)v[e] * (double)v[e];
-    ss = block_sum_f64(ss, scratch);
-    const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
-    float o[8];
-#pragma unroll
-    for (int e = 0; e < 8; e++) o[e] = __fmul_rn(__fmul_rn(v[e], s), nw[e]);
-    if (act) st8(h + i, o);
-    if (q) quad_q8(o, i, act, q, qd);
+    norm8_store(v, nw, d, eps, i, act, scratch, h, q, qd);
 }

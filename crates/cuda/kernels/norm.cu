@@ -47,19 +47,11 @@ extern "C" __global__ void __launch_bounds__(512)
             st8(x + i, v);
         }
     }
-    double ss = 0.0;
 #pragma unroll
-    for (int e = 0; e < 8; e++) ss += (double)v[e] * (double)v[e];
-    ss = block_sum_f64(ss, scratch);
-    const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
-    float o[8];
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-        const float wj = add_one ? __fadd_rn(1.0f, wv[e]) : wv[e];
-        o[e] = __fmul_rn(__fmul_rn(v[e], s), wj);
-    }
-    if (act) st8(out + i, o);
-    if (q) quad_q8(o, i, act, q + row * d, qd + row * (d / 32));
+    for (int e = 0; e < 8; e++)
+        if (add_one) wv[e] = __fadd_rn(1.0f, wv[e]);
+    norm8_store(v, wv, d, eps, i, act, scratch, out, q ? q + row * d : q,
+                q ? qd + row * (d / 32) : qd);
 }
 
 extern "C" __global__ void __launch_bounds__(1024)
