@@ -547,8 +547,29 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
                 &wd2,
                 Some(spread),
             )?;
-            let same = same_bits(&down(gpu, &wd2)?, &wv)
+            let mut same = same_bits(&down(gpu, &wd2)?, &wv)
                 && gpu.stream.clone_dtoh(&sd2)? == sv
+                && gpu.stream.clone_dtoh(&ed2)? == ev;
+            // Without a slot table (full residency, as the decoder runs
+            // it): slot = expert.
+            let spread = ops::ExpertStacks {
+                stacks: [(&stack, 384, n), (&stack, 384, n), (&stack, 384, n)],
+                blocks: 3,
+            };
+            ops::router_topk_spread(
+                gpu,
+                (&ld, 0),
+                n,
+                k,
+                norm,
+                None,
+                &sd2,
+                &ed2,
+                &wd2,
+                Some(spread),
+            )?;
+            same &= same_bits(&down(gpu, &wd2)?, &wv)
+                && gpu.stream.clone_dtoh(&sd2)? == ev
                 && gpu.stream.clone_dtoh(&ed2)? == ev;
             fold(&mut w, (a, rel, written && ids_ok && same));
         }
