@@ -117,7 +117,7 @@ fn mv(
 ) -> Result<()> {
     match xq {
         Some(q) if Q8_TYPES.contains(&m.layout.ty) && q.n >= m.cols => {
-            m.gemv_q8(gpu, q, y, q8_nr(&m.layout, m.cols)?)
+            m.gemv_q8(gpu, q, y, q8_config(&m.layout, m.cols)?)
         }
         _ if m.layout.ty == GgmlType::F32 => m.gemv(gpu, x, y, f32_variant()?),
         _ => m.gemv(gpu, x, y, DEFAULT_NR),
@@ -160,7 +160,7 @@ fn parse_f32_variant(v: Option<&str>) -> Option<Variant> {
 /// 16 or 32 (default [`DECODE_Q8_LANES`]), for rows of more than 32 lane
 /// chunks (4096-wide inputs) `REDLITE_CUDA_Q8_LANES_WIDE` (the same
 /// values, default the narrow rows' cap).
-fn q8_nr(layout: &DeviceLayout, cols: usize) -> Result<Q8Variant> {
+fn q8_config(layout: &DeviceLayout, cols: usize) -> Result<Q8Variant> {
     let var = |n: &str| std::env::var(n).ok();
     let nr = parse_choice(var("REDLITE_CUDA_Q8_NR").as_deref(), DEFAULT_NR, &[1, 2, 4])
         .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_NR: expected 1, 2 or 4".into()))?;
@@ -532,7 +532,7 @@ impl FfnOp {
         let ff = self.gate.rows;
         match (&mut self.gu, hq) {
             (Some(gu), Some(hq)) if hq.n >= self.gate.cols => {
-                let v = q8_nr(&self.gate.layout, self.gate.cols)?;
+                let v = q8_config(&self.gate.layout, self.gate.cols)?;
                 self.gate.gemv_q8_pair(&self.up, gpu, hq, gu, v)?;
                 ops::swiglu(gpu, (gu, 0), (gu, ff), &self.g, self.gq.as_ref(), ff)?;
             }
@@ -779,7 +779,7 @@ impl Op {
                 let kf = k * ff;
                 match (&mut m.ygu, hq) {
                     (Some(ygu), Some(hq)) => {
-                        let v = q8_nr(&x.gate.layout, x.gate.cols)?;
+                        let v = q8_config(&x.gate.layout, x.gate.cols)?;
                         ExpertStack::gemv_gate_up_q8(&x.gate, &x.up, gpu, &m.slots, k, hq, ygu, v)?;
                         cap.mark(gpu, "MoE: routed experts SwiGLU")?;
                         ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, m.actq.as_ref(), kf)?;
@@ -802,7 +802,7 @@ impl Op {
                             q,
                             ff,
                             &mut m.yd,
-                            q8_nr(&x.down.layout, ff)?,
+                            q8_config(&x.down.layout, ff)?,
                         )?;
                     }
                     None => x
