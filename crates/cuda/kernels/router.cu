@@ -215,3 +215,100 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
     router_topk_body<true>(logits, n, k, norm, slot_of, slots_out, experts_out, w_out, pg, pu, pd,
                            sg, su, sd);
 }
+
+// router_topk_warp: the same selection and outputs, bit for bit, on one
+// warp with no barrier, for n <= 32 * ROUTER_WARP_V = 512. Lane L holds
+// logits L, L + 32, ... in registers, so the f64 sum is added in the block
+// kernel's order (its warp 0 adds them the same way). Selection: k rounds
+// of a warp arg-max over (key, then the lower index), each lane offering
+// its best live value; the winner's lane retires it. The rounds pick the
+// experts in the block kernel's selection order (p desc, index asc), so the
+// renorm sum is added in that order as they come; the k winners (lane r
+// holding winner r) are then put in ascending expert order. Launch: one
+// block of 32 threads.
+#define ROUTER_WARP_V 16
+// (key, index) as one orderable word: a larger key first, then the lower
+// index; 0 = nothing (every real entry is larger: its index is < 2^31).
+__device__ __forceinline__ u64 router_rank(u32 key, u32 idx) {
+    return ((u64)key << 32) | (u64)(0xffffffffu - idx);
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+    router_topk_warp(const float* __restrict__ logits, int n, int k, int norm,
+                     const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
+                     u32* __restrict__ experts_out, float* __restrict__ w_out) {
+    PDL_PROLOGUE();
+    const int lane = threadIdx.x;
+    float p[ROUTER_WARP_V];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < ROUTER_WARP_V; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < n ? logits[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    double sum = 0.0;
+#pragma unroll
+    for (int i = 0; i < ROUTER_WARP_V; i++) {
+        const bool valid = lane + 32 * i < n;
+        p[i] = valid ? expf(p[i] - mx) : 0.0f;
+        if (valid) sum += (double)p[i];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv = (float)(1.0 / sum);
+    u32 alive = 0;
+#pragma unroll
+    for (int i = 0; i < ROUTER_WARP_V; i++) {
+        p[i] = __fmul_rn(p[i], inv);
+        if (lane + 32 * i < n) alive |= 1u << i;
+    }
+    // This lane's best live entry.
+    auto best_of = [&]() {
+        u64 b = 0;
+#pragma unroll
+        for (int i = 0; i < ROUTER_WARP_V; i++) {
+            const u64 c = (alive >> i) & 1u ? router_rank(router_key(p[i]), lane + 32 * i) : 0ull;
+            b = c > b ? c : b;
+        }
+        return b;
+    };
+    u64 mine = best_of();
+    u32 my_e = 0;
+    float my_p = 0.0f, s = 0.0f;
+    for (int r = 0; r < k; r++) {
+        u64 b = mine;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const u64 other = __shfl_xor_sync(0xffffffffu, b, o);
+            b = other > b ? other : b;
+        }
+        const u32 idx = 0xffffffffu - (u32)b;
+        const int owner = (int)(idx & 31u), slot = (int)(idx >> 5);
+        float wp = 0.0f;
+        if (lane == owner) {
+#pragma unroll
+            for (int i = 0; i < ROUTER_WARP_V; i++)
+                if (i == slot) wp = p[i];
+            alive &= ~(1u << slot);
+            mine = best_of();
+        }
+        wp = __shfl_sync(0xffffffffu, wp, owner);
+        s += wp;
+        if (lane == r) {
+            my_e = idx;
+            my_p = wp;
+        }
+    }
+    // ascending expert order
+    const bool act = lane < k;
+    int pos = 0;
+    for (int j = 0; j < k; j++) pos += __shfl_sync(0xffffffffu, my_e, j) < my_e ? 1 : 0;
+    if (act) {
+        experts_out[pos] = my_e;
+        slots_out[pos] = slot_of ? slot_of[my_e] : my_e;
+        w_out[pos] = norm ? my_p / s : my_p;
+    }
+}

@@ -214,6 +214,20 @@ fn topk_spread() -> Result<bool> {
     .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_TOPK_SPREAD: expected 0 or 1".into()))
 }
 
+/// Whether the routed top-k runs on one warp without a barrier
+/// (`router_topk_warp`, n <= 512, the same bits as `router_topk`):
+/// `REDLITE_CUDA_TOPK_WARP` = 1, or 0 (the default until an A/B on the GPU
+/// shows it pays). `REDLITE_CUDA_TOPK_SPREAD=1` takes precedence.
+fn topk_warp() -> Result<bool> {
+    parse_choice(
+        std::env::var("REDLITE_CUDA_TOPK_WARP").ok().as_deref(),
+        0,
+        &[0, 1],
+    )
+    .map(|v| v == 1)
+    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_TOPK_WARP: expected 0 or 1".into()))
+}
+
 /// At most 16 lanes a row in the decode graph's int8 GEMVs: a 2048-wide
 /// row's 32 chunks go two to a lane, so the big launches (q|k|v, the
 /// routed gate|up: 1,000-1,500 blocks of 8 rows) need half the blocks and
@@ -626,18 +640,32 @@ impl MoeOp {
             stacks: [&x.gate, &x.up, &x.down].map(|s| (&s.buf, s.stride as u64, s.n_slots)),
             blocks: gpu.sms as u32,
         });
-        ops::router_topk_spread(
-            gpu,
-            m.router.part(0),
-            x.n_expert,
-            x.k,
-            x.norm_topk,
-            None,
-            &m.slots,
-            &m.experts,
-            &m.w,
-            spread,
-        )?;
+        if spread.is_none() && x.n_expert <= ops::ROUTER_WARP_MAX_N && topk_warp()? {
+            ops::router_topk_warp(
+                gpu,
+                m.router.part(0),
+                x.n_expert,
+                x.k,
+                x.norm_topk,
+                None,
+                &m.slots,
+                &m.experts,
+                &m.w,
+            )?;
+        } else {
+            ops::router_topk_spread(
+                gpu,
+                m.router.part(0),
+                x.n_expert,
+                x.k,
+                x.norm_topk,
+                None,
+                &m.slots,
+                &m.experts,
+                &m.w,
+                spread,
+            )?;
+        }
         if let Some(c) = &x.cache {
             if let Some(ev) = wait {
                 gpu.stream.wait(&ev)?;

@@ -635,6 +635,49 @@ pub fn router_topk(
     router_topk_spread(gpu, logits, n, k, norm, slot_of, slots, experts, w, None)
 }
 
+/// Most logits [`router_topk_warp`] takes (`32 * ROUTER_WARP_V`).
+pub const ROUTER_WARP_MAX_N: usize = 512;
+
+/// [`router_topk`] on one warp with no barrier (`router_topk_warp`: the
+/// same outputs bit for bit), for `n <= ROUTER_WARP_MAX_N`.
+#[allow(clippy::too_many_arguments)]
+pub fn router_topk_warp(
+    gpu: &Gpu,
+    logits: At,
+    n: usize,
+    k: usize,
+    norm: bool,
+    slot_of: Option<&CudaSlice<u32>>,
+    slots: &CudaSlice<u32>,
+    experts: &CudaSlice<u32>,
+    w: &CudaSlice<f32>,
+) -> Result<()> {
+    ensure!(
+        (1..=ROUTER_WARP_MAX_N).contains(&n) && (1..=32).contains(&k) && k <= n,
+        "router (one warp): {k} of {n} experts (n <= {ROUTER_WARP_MAX_N}, k <= 32)"
+    );
+    ensure!(slots.len() >= k && experts.len() >= k && w.len() >= k);
+    ensure!(slot_of.is_none_or(|s| s.len() >= n));
+    let p: [u64; 5] = [
+        at_ptr(gpu, logits, n)?,
+        dptr(gpu, slot_of),
+        dptr(gpu, Some(slots)),
+        dptr(gpu, Some(experts)),
+        dptr(gpu, Some(w)),
+    ];
+    let (n_i, k_i, norm_i) = (n as i32, k as i32, norm as i32);
+    // SAFETY: router_topk_warp(logits, n, k, norm, slot_of, slots_out,
+    // experts_out, w_out), one warp; sizes checked above (n <= 512: its
+    // registers hold 16 logits a lane).
+    unsafe {
+        gpu.launch(
+            "router_topk_warp",
+            cfg((1, 1), 32),
+            &[&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]],
+        )
+    }
+}
+
 /// The routed experts' three slot stacks, for [`router_topk_spread`] to
 /// prefetch the chosen experts from: (buffer, bytes between slots, slots).
 pub struct ExpertStacks<'a> {

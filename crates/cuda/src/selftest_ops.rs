@@ -481,7 +481,7 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
 
 fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
     let mut w =
-        Worst::new("router_topk (softmax, top-k, renorm, slots; abs err of weights), router_topk_spread (the same bits)".into());
+        Worst::new("router_topk (softmax, top-k, renorm, slots; abs err of weights), router_topk_spread and router_topk_warp (the same bits)".into());
     // n not a multiple of 32 (a partial last warp), n = k, k = 1 and 32,
     // the largest n; `ties`: logits on a coarse grid, so the k-th largest
     // p is tied with others and the lower expert indices must win (equal
@@ -571,6 +571,15 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             same &= same_bits(&down(gpu, &wd2)?, &wv)
                 && gpu.stream.clone_dtoh(&sd2)? == ev
                 && gpu.stream.clone_dtoh(&ed2)? == ev;
+            // router_topk_warp (n <= 512): the same bits as well.
+            if n <= ops::ROUTER_WARP_MAX_N {
+                let (sd3, ed3) = (up(gpu, &vec![u32::MAX; k])?, up(gpu, &vec![u32::MAX; k])?);
+                let wd3 = nan(gpu, k)?;
+                ops::router_topk_warp(gpu, (&ld, 0), n, k, norm, Some(&sod), &sd3, &ed3, &wd3)?;
+                same &= same_bits(&down(gpu, &wd3)?, &wv)
+                    && gpu.stream.clone_dtoh(&sd3)? == sv
+                    && gpu.stream.clone_dtoh(&ed3)? == ev;
+            }
             fold(&mut w, (a, rel, written && ids_ok && same));
         }
     }
