@@ -199,19 +199,18 @@ fn shared_branch() -> Result<bool> {
 }
 
 /// Whether the routed top-k runs on one block per SM, each making the
-/// selection and then asking L2 for its share of the chosen experts' gate,
-/// up and down images, so that the routed GEMVs after it read L2 instead
-/// of DRAM (`router_topk_spread`; full residency only):
-/// `REDLITE_CUDA_TOPK_SPREAD` = 1, or 0 (the default until an A/B on the
-/// GPU shows it pays; identical outputs, `redlite selftest`).
-fn topk_spread() -> Result<bool> {
+/// selection and then asking L2 for its share of the chosen experts' gate
+/// and up images (1) or gate, up and down (2), so that the routed GEMVs
+/// after it read L2 instead of DRAM (`router_topk_spread`; full residency
+/// only): `REDLITE_CUDA_TOPK_SPREAD` = 0 (the default until an A/B on the
+/// GPU shows it pays), 1 or 2; identical outputs (`redlite selftest`).
+fn topk_spread() -> Result<u32> {
     parse_choice(
         std::env::var("REDLITE_CUDA_TOPK_SPREAD").ok().as_deref(),
         0,
-        &[0, 1],
+        &[0, 1, 2],
     )
-    .map(|v| v == 1)
-    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_TOPK_SPREAD: expected 0 or 1".into()))
+    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_TOPK_SPREAD: expected 0, 1 or 2".into()))
 }
 
 /// Whether the routed top-k runs on one warp without a barrier
@@ -636,9 +635,18 @@ impl MoeOp {
         cap.mark(gpu, "MoE: top-k (+ cache plan)")?;
         // At full residency the top-k may prefetch the chosen experts (an
         // A/B, see topk_spread); with a cache the plan picks the slots after it.
-        let spread = (x.cache.is_none() && topk_spread()?).then(|| ops::ExpertStacks {
-            stacks: [&x.gate, &x.up, &x.down].map(|s| (&s.buf, s.stride as u64, s.n_slots)),
-            blocks: gpu.sms as u32,
+        let spread_mode = if x.cache.is_none() { topk_spread()? } else { 0 };
+        let spread = (spread_mode > 0).then(|| {
+            // The down stack with stride 0: none of its lines (mode 1).
+            let down_stride = if spread_mode == 2 { x.down.stride } else { 0 };
+            ops::ExpertStacks {
+                stacks: [
+                    (&x.gate.buf, x.gate.stride as u64, x.gate.n_slots),
+                    (&x.up.buf, x.up.stride as u64, x.up.n_slots),
+                    (&x.down.buf, down_stride as u64, x.down.n_slots),
+                ],
+                blocks: gpu.sms as u32,
+            }
         });
         if spread.is_none() && x.n_expert <= ops::ROUTER_WARP_MAX_N && topk_warp()? {
             ops::router_topk_warp(

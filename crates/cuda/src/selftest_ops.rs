@@ -553,7 +553,8 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             // Without a slot table (full residency, as the decoder runs
             // it): slot = expert.
             let spread = ops::ExpertStacks {
-                stacks: [(&stack, 384, n), (&stack, 384, n), (&stack, 384, n)],
+                // (the decoder's gate and up only: the down stack's stride 0)
+                stacks: [(&stack, 384, n), (&stack, 384, n), (&stack, 0, n)],
                 blocks: 3,
             };
             ops::router_topk_spread(
