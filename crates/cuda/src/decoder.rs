@@ -636,44 +636,34 @@ impl MoeOp {
         // At full residency the top-k may prefetch the chosen experts (an
         // A/B, see topk_spread); with a cache the plan picks the slots after it.
         let spread_mode = if x.cache.is_none() { topk_spread()? } else { 0 };
-        let spread = (spread_mode > 0).then(|| {
+        let kernel = if spread_mode > 0 {
             // The down stack with stride 0: none of its lines (mode 1).
             let down_stride = if spread_mode == 2 { x.down.stride } else { 0 };
-            ops::ExpertStacks {
+            ops::TopK::Spread(ops::ExpertStacks {
                 stacks: [
                     (&x.gate.buf, x.gate.stride as u64, x.gate.n_slots),
                     (&x.up.buf, x.up.stride as u64, x.up.n_slots),
                     (&x.down.buf, down_stride as u64, x.down.n_slots),
                 ],
                 blocks: gpu.sms as u32,
-            }
-        });
-        if spread.is_none() && x.n_expert <= ops::ROUTER_WARP_MAX_N && topk_warp()? {
-            ops::router_topk_warp(
-                gpu,
-                m.router.part(0),
-                x.n_expert,
-                x.k,
-                x.norm_topk,
-                None,
-                &m.slots,
-                &m.experts,
-                &m.w,
-            )?;
+            })
+        } else if x.n_expert <= ops::ROUTER_WARP_MAX_N && topk_warp()? {
+            ops::TopK::Warp
         } else {
-            ops::router_topk_spread(
-                gpu,
-                m.router.part(0),
-                x.n_expert,
-                x.k,
-                x.norm_topk,
-                None,
-                &m.slots,
-                &m.experts,
-                &m.w,
-                spread,
-            )?;
-        }
+            ops::TopK::Block
+        };
+        ops::router_topk_on(
+            gpu,
+            m.router.part(0),
+            x.n_expert,
+            x.k,
+            x.norm_topk,
+            None,
+            &m.slots,
+            &m.experts,
+            &m.w,
+            kernel,
+        )?;
         if let Some(c) = &x.cache {
             if let Some(ev) = wait {
                 gpu.stream.wait(&ev)?;

@@ -632,54 +632,26 @@ pub fn router_topk(
     experts: &CudaSlice<u32>,
     w: &CudaSlice<f32>,
 ) -> Result<()> {
-    router_topk_spread(gpu, logits, n, k, norm, slot_of, slots, experts, w, None)
+    router_topk_on(
+        gpu,
+        logits,
+        n,
+        k,
+        norm,
+        slot_of,
+        slots,
+        experts,
+        w,
+        TopK::Block,
+    )
 }
 
-/// Most logits [`router_topk_warp`] takes (`32 * ROUTER_WARP_V`).
+/// Most logits [`TopK::Warp`] takes (`32 * ROUTER_WARP_V` in router.cu).
 pub const ROUTER_WARP_MAX_N: usize = 512;
 
-/// [`router_topk`] on one warp with no barrier (`router_topk_warp`: the
-/// same outputs bit for bit), for `n <= ROUTER_WARP_MAX_N`.
-#[allow(clippy::too_many_arguments)]
-pub fn router_topk_warp(
-    gpu: &Gpu,
-    logits: At,
-    n: usize,
-    k: usize,
-    norm: bool,
-    slot_of: Option<&CudaSlice<u32>>,
-    slots: &CudaSlice<u32>,
-    experts: &CudaSlice<u32>,
-    w: &CudaSlice<f32>,
-) -> Result<()> {
-    ensure!(
-        (1..=ROUTER_WARP_MAX_N).contains(&n) && (1..=32).contains(&k) && k <= n,
-        "router (one warp): {k} of {n} experts (n <= {ROUTER_WARP_MAX_N}, k <= 32)"
-    );
-    ensure!(slots.len() >= k && experts.len() >= k && w.len() >= k);
-    ensure!(slot_of.is_none_or(|s| s.len() >= n));
-    let p: [u64; 5] = [
-        at_ptr(gpu, logits, n)?,
-        dptr(gpu, slot_of),
-        dptr(gpu, Some(slots)),
-        dptr(gpu, Some(experts)),
-        dptr(gpu, Some(w)),
-    ];
-    let (n_i, k_i, norm_i) = (n as i32, k as i32, norm as i32);
-    // SAFETY: router_topk_warp(logits, n, k, norm, slot_of, slots_out,
-    // experts_out, w_out), one warp; sizes checked above (n <= 512: its
-    // registers hold 16 logits a lane).
-    unsafe {
-        gpu.launch(
-            "router_topk_warp",
-            cfg((1, 1), 32),
-            &[&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]],
-        )
-    }
-}
-
-/// The routed experts' three slot stacks, for [`router_topk_spread`] to
-/// prefetch the chosen experts from: (buffer, bytes between slots, slots).
+/// The routed experts' three slot stacks, for [`TopK::Spread`] to prefetch
+/// the chosen experts from: (buffer, bytes between slots, slots); a stride
+/// of 0 leaves a stack out.
 pub struct ExpertStacks<'a> {
     pub stacks: [(&'a CudaSlice<u8>, u64, usize); 3],
     /// Blocks of the launch (each makes the selection, then prefetches its
@@ -687,12 +659,21 @@ pub struct ExpertStacks<'a> {
     pub blocks: u32,
 }
 
-/// [`router_topk`], and with `spread` on a grid of `spread.blocks` blocks
-/// that also ask L2 for the chosen experts' gate, up and down slot images
-/// (`router_topk_spread` in router.cu), every block a share; identical
-/// outputs.
+/// The kernel of a top-k launch; all three write the same bits.
+pub enum TopK<'a> {
+    /// `router_topk`: one block, a thread per logit.
+    Block,
+    /// `router_topk_spread`: a grid of `blocks` blocks that each make the
+    /// selection, then ask L2 for their share of the chosen experts' slot
+    /// images.
+    Spread(ExpertStacks<'a>),
+    /// `router_topk_warp`: one warp, no barrier (n <= [`ROUTER_WARP_MAX_N`]).
+    Warp,
+}
+
+/// [`router_topk`] through the kernel `kernel`.
 #[allow(clippy::too_many_arguments)]
-pub fn router_topk_spread(
+pub fn router_topk_on(
     gpu: &Gpu,
     logits: At,
     n: usize,
@@ -702,11 +683,16 @@ pub fn router_topk_spread(
     slots: &CudaSlice<u32>,
     experts: &CudaSlice<u32>,
     w: &CudaSlice<f32>,
-    spread: Option<ExpertStacks>,
+    kernel: TopK,
 ) -> Result<()> {
+    let max_n = if matches!(kernel, TopK::Warp) {
+        ROUTER_WARP_MAX_N
+    } else {
+        1024
+    };
     ensure!(
-        (1..=1024).contains(&n) && (1..=32).contains(&k) && k <= n,
-        "router: {k} of {n} experts (device kernel: n <= 1024, k <= 32)"
+        (1..=max_n).contains(&n) && (1..=32).contains(&k) && k <= n,
+        "router: {k} of {n} experts (device kernel: n <= {max_n}, k <= 32)"
     );
     ensure!(slots.len() >= k && experts.len() >= k && w.len() >= k);
     ensure!(slot_of.is_none_or(|s| s.len() >= n));
@@ -721,17 +707,17 @@ pub fn router_topk_spread(
     // One thread per logit, whole warps: the kernel's barriers cost less
     // with fewer warps, so no more than n needs.
     let threads = n.div_ceil(32) as u32 * 32;
-    let Some(sp) = spread else {
+    let args: [&dyn crate::device::KernelArg; 8] =
+        [&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]];
+    let sp = match kernel {
         // SAFETY: router_topk(logits, n, k, norm, slot_of, slots_out,
         // experts_out, w_out); sizes checked above; the kernel needs
         // 32 * ceil(n / 32) threads (<= its launch bound of 1024, as n <= 1024).
-        return unsafe {
-            gpu.launch(
-                "router_topk",
-                cfg((1, 1), threads),
-                &[&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]],
-            )
-        };
+        TopK::Block => return unsafe { gpu.launch("router_topk", cfg((1, 1), threads), &args) },
+        // SAFETY: router_topk_warp, the same arguments, one warp; n <= 512
+        // (checked above: its registers hold 16 logits a lane).
+        TopK::Warp => return unsafe { gpu.launch("router_topk_warp", cfg((1, 1), 32), &args) },
+        TopK::Spread(sp) => sp,
     };
     ensure!(sp.blocks >= 1, "router: a spread launch needs a block");
     // Every expert id (slot_of None: the id is the slot) or slot_of entry

@@ -535,7 +535,7 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             };
             let (sd2, ed2) = (up(gpu, &vec![u32::MAX; k])?, up(gpu, &vec![u32::MAX; k])?);
             let wd2 = nan(gpu, k)?;
-            ops::router_topk_spread(
+            ops::router_topk_on(
                 gpu,
                 (&ld, 0),
                 n,
@@ -545,7 +545,7 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
                 &sd2,
                 &ed2,
                 &wd2,
-                Some(spread),
+                ops::TopK::Spread(spread),
             )?;
             let mut same = same_bits(&down(gpu, &wd2)?, &wv)
                 && gpu.stream.clone_dtoh(&sd2)? == sv
@@ -557,7 +557,7 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
                 stacks: [(&stack, 384, n), (&stack, 384, n), (&stack, 0, n)],
                 blocks: 3,
             };
-            ops::router_topk_spread(
+            ops::router_topk_on(
                 gpu,
                 (&ld, 0),
                 n,
@@ -567,7 +567,7 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
                 &sd2,
                 &ed2,
                 &wd2,
-                Some(spread),
+                ops::TopK::Spread(spread),
             )?;
             same &= same_bits(&down(gpu, &wd2)?, &wv)
                 && gpu.stream.clone_dtoh(&sd2)? == ev
@@ -576,7 +576,18 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             if n <= ops::ROUTER_WARP_MAX_N {
                 let (sd3, ed3) = (up(gpu, &vec![u32::MAX; k])?, up(gpu, &vec![u32::MAX; k])?);
                 let wd3 = nan(gpu, k)?;
-                ops::router_topk_warp(gpu, (&ld, 0), n, k, norm, Some(&sod), &sd3, &ed3, &wd3)?;
+                ops::router_topk_on(
+                    gpu,
+                    (&ld, 0),
+                    n,
+                    k,
+                    norm,
+                    Some(&sod),
+                    &sd3,
+                    &ed3,
+                    &wd3,
+                    ops::TopK::Warp,
+                )?;
                 same &= same_bits(&down(gpu, &wd3)?, &wv)
                     && gpu.stream.clone_dtoh(&sd3)? == sv
                     && gpu.stream.clone_dtoh(&ed3)? == ev;
