@@ -250,36 +250,17 @@ __device__ __forceinline__ void gdn_step_body(
 
 // Before the PDL wait: this block's state slice (dk rows of W = dv / C
 // floats, dv apart) into L2. The state is only written by this layer's
-// step, tokens ago, so the lines are current. With GDN_PREFETCH_CONV (an
-// A/B through REDLITE_CUDA_DEFINES, default off) also the conv taps of the
-// channels the block reads (the key head's q and k, its W v columns: read-
-// only weights, evicted by every token's stream of expert weights) and the
-// conv window's K ring slots of those channels (written by this layer's
-// step a token ago). Not inlined: inlined, its loop cost gdn_step_c4
-// spills under the 64-register cap.
-#ifndef GDN_PREFETCH_CONV
-#define GDN_PREFETCH_CONV 0
-#endif
+// step, tokens ago, so the lines are current. (Also prefetching the conv
+// taps and window measured 2% slower: docs/what-did-not-work.md.) Not
+// inlined: inlined, its loop cost gdn_step_c4 spills under the 64-register
+// cap.
 template <int C>
-__device__ __noinline__ void gdn_prefetch(const float* state, const float* conv_w,
-                                          const float* ring, int n_k, int n_v, int dk, int dv,
-                                          int K) {
+__device__ __noinline__ void gdn_prefetch(const float* state, int dk, int dv) {
     const int h = blockIdx.x / C, c = blockIdx.x % C, W = dv / C;
     const float* st = state + (long long)h * dk * dv + c * W;
     const int lpr = (W + 31) / 32;  // 128-byte lines per row slice
     for (int e = threadIdx.x; e < dk * lpr; e += blockDim.x)
         l2_prefetch_line(st + (long long)(e / lpr) * dv + 32 * (e % lpr));
-    if (GDN_PREFETCH_CONV) {
-        const int kh = h / (n_v / n_k), kd = n_k * dk, cd = 2 * kd + n_v * dv;
-        // the three channel ranges [first, first + count)
-        const int first[3] = {kh * dk, kd + kh * dk, 2 * kd + h * dv + c * W};
-        const int count[3] = {dk, dk, W};
-        for (int r = 0; r < 3; r++) {
-            l2_prefetch(conv_w + (long long)first[r] * K, (u64)count[r] * K * 4);
-            for (int slot = 0; slot < K; slot++)
-                l2_prefetch(ring + (long long)slot * cd + first[r], (u64)count[r] * 4);
-        }
-    }
 }
 
 #define GDN_PARAMS                                                                                \
@@ -306,19 +287,19 @@ __device__ __noinline__ void gdn_prefetch(const float* state, const float* conv_
 // shapes, small dv) need more registers and take one block per SM.
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2) __cluster_dims__(4, 1, 1)
     gdn_step_c4(GDN_PARAMS) {
-    gdn_prefetch<4>(state, conv_w, ring, n_k, n_v, dk, dv, K);
+    gdn_prefetch<4>(state, dk, dv);
     PDL_PROLOGUE();
     gdn_step_body<4, 8>(GDN_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1) __cluster_dims__(2, 1, 1)
     gdn_step_c2(GDN_PARAMS) {
-    gdn_prefetch<2>(state, conv_w, ring, n_k, n_v, dk, dv, K);
+    gdn_prefetch<2>(state, dk, dv);
     PDL_PROLOGUE();
     gdn_step_body<2, 16>(GDN_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1) __cluster_dims__(1, 1, 1)
     gdn_step_c1(GDN_PARAMS) {
-    gdn_prefetch<1>(state, conv_w, ring, n_k, n_v, dk, dv, K);
+    gdn_prefetch<1>(state, dk, dv);
     PDL_PROLOGUE();
     gdn_step_body<1, 32>(GDN_ARGS);
 }

@@ -109,15 +109,19 @@ extern "C" __global__ void __launch_bounds__(1024)
 // blockDim (<= 4096), a thread holding 8 consecutive values (the layout of
 // norm.cu's rms_norm_v8): the expert outputs are loaded CMB_GROUP experts
 // at a time (16-byte loads, all of a group in flight before its adds), the
-// adds in the same order and rounding as moe_combine_norm. One block:
-// grid 1, block a multiple of 32 with 8 * blockDim >= d.
+// adds in the same order and rounding as moe_combine_norm. `mix`
+// (nullable): the mixer's output, added to x first (x + mix, then the
+// experts: the order of rms_norm's residual add and a combine after it),
+// for the layers whose post-mixer RMSNorm runs inside router_gemv_topk,
+// which leaves x as it was. One block: grid 1, block a multiple of 32 with
+// 8 * blockDim >= d.
 #define CMB_GROUP 6
 extern "C" __global__ void __launch_bounds__(512)
     moe_combine_norm_v8(float* __restrict__ x, const float* __restrict__ ys,
                         const float* __restrict__ w, int k, int d, const float* __restrict__ sh,
                         const float* __restrict__ sh_logit, const float* __restrict__ norm_w,
                         float eps, float* __restrict__ h, signed char* __restrict__ q,
-                        float* __restrict__ qd) {
+                        float* __restrict__ qd, const float* __restrict__ mix) {
     PDL_PROLOGUE();
     __shared__ double scratch[32];
     const int i = 8 * threadIdx.x;
@@ -128,6 +132,12 @@ extern "C" __global__ void __launch_bounds__(512)
     float s_sh = 1.0f;
     if (act) {
         ld8_plain(x + i, v);
+        if (mix) {  // the mixer's residual add, deferred to here (router.cu)
+            float m8[8];
+            load8(mix + i, m8);
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = __fadd_rn(v[e], m8[e]);
+        }
         load8(norm_w + i, nw);
         if (sh) {
             load8(sh + i, sv);

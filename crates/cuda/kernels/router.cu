@@ -8,8 +8,8 @@
 // slot_of[expert] (the slot table; null: the identity, full residency).
 //
 // Launch: one block of 32 * ceil(n / 32) threads (grid 1), one logit per
-// thread (router_topk_spread: any grid, see router_topk_body). n <=
-// ROUTER_MAX_N = 1024, 1 <= k <= min(n, 32).
+// thread. n <= ROUTER_MAX_N = 1024, 1 <= k <= min(n, 32).
+// router_gemv_topk (at the end) computes the logits too, in one launch.
 //
 // The work is a chain of block barriers, so the design minimises barriers,
 // not arithmetic (the old one-warp kernel did k serial rounds of a
@@ -55,46 +55,11 @@ __device__ __forceinline__ int router_count_before(bool pred, u32* wc) {
     return before;
 }
 
-// The chosen experts' slot images into L2, this block's share of them
-// (router_topk_spread): k experts x the three stacks' `stride` bytes, cut
-// into 128-byte lines and dealt out to the grid's blocks in order, one
-// prefetch per line. `chosen` (shared) holds the k experts.
-__device__ __forceinline__ void router_prefetch_experts(const u32* chosen, int k,
-                                                        const u32* __restrict__ slot_of,
-                                                        const u8* g, const u8* u, const u8* d,
-                                                        u64 sg, u64 su, u64 sd) {
-    const u64 lg = (sg + 127) >> 7, lu = (su + 127) >> 7, ld = (sd + 127) >> 7;
-    const u64 per = lg + lu + ld, total = per * (u64)k;
-    const u64 share = (total + gridDim.x - 1) / gridDim.x;
-    const u64 l0 = share * blockIdx.x, l1 = l0 + share < total ? l0 + share : total;
-    for (u64 l = l0 + threadIdx.x; l < l1; l += blockDim.x) {
-        const u64 e = l / per, r = l - e * per;
-        const u32 id = chosen[e];
-        const u64 slot = slot_of ? slot_of[id] : id;
-        const u8* p = r < lg        ? g + slot * sg + (r << 7)
-                      : r < lg + lu ? u + slot * su + ((r - lg) << 7)
-                                    : d + slot * sd + ((r - lg - lu) << 7);
-        l2_prefetch_line(p);
-    }
-}
-
-// SPREAD (router_topk_spread): every block of the grid makes the same
-// selection (the logits are 4 KB of L2 reads; the barriers are the
-// cost, and the blocks run them side by side), then asks L2 for its share
-// of the chosen experts' gate, up and down slot images, so that the
-// routed GEMVs right after find them there: the prefetch is spread over
-// the SMs (one block issuing all of it measured 34% slower,
-// docs/what-did-not-work.md). Block 0 alone writes the outputs. The
-// stacks' images are `sg`, `su`, `sd` bytes apart; at full residency
-// (slot_of null) slot = expert.
-template <bool SPREAD>
 __device__ __forceinline__ void router_topk_body(const float* __restrict__ logits, int n, int k,
                                                  int norm, const u32* __restrict__ slot_of,
                                                  u32* __restrict__ slots_out,
                                                  u32* __restrict__ experts_out,
-                                                 float* __restrict__ w_out, const u8* pg,
-                                                 const u8* pu, const u8* pd, u64 sg, u64 su,
-                                                 u64 sd) {
+                                                 float* __restrict__ w_out) {
     __shared__ float s_e[ROUTER_MAX_N];
     __shared__ float s_wmax[32];
     __shared__ float s_inv;
@@ -109,7 +74,8 @@ __device__ __forceinline__ void router_topk_body(const float* __restrict__ logit
     const bool valid = t < n;
 
     // max (fmaxf is exact in any order)
-    const float x = valid ? logits[t] : -INFINITY;
+    // L2 reads: in router_gemv_topk other blocks of the grid wrote them.
+    const float x = valid ? __ldcg(logits + t) : -INFINITY;
     float mx = x;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -168,10 +134,6 @@ __device__ __forceinline__ void router_topk_body(const float* __restrict__ logit
         s_win_p[pos] = p;
     }
     __syncthreads();
-    if (SPREAD) {
-        router_prefetch_experts(s_win_e, k, slot_of, pg, pu, pd, sg, su, sd);
-        if (blockIdx.x != 0) return;
-    }
     if (warp != 0) return;
 
     // lane i: chosen i; its rank in selection order (p desc, then index asc;
@@ -201,114 +163,137 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
                 const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
                 u32* __restrict__ experts_out, float* __restrict__ w_out) {
     PDL_PROLOGUE();
-    router_topk_body<false>(logits, n, k, norm, slot_of, slots_out, experts_out, w_out, nullptr,
-                            nullptr, nullptr, 0, 0, 0);
+    router_topk_body(logits, n, k, norm, slot_of, slots_out, experts_out, w_out);
 }
 
-// Launch: as router_topk, on a grid of any number of blocks.
+// router_gemv_topk: the router GEMV and the top-k above in one launch, so a
+// MoE layer's chain has one dependent step fewer (the top-k kernel's launch
+// and its wait for the GEMV's grid).
+//   logits = W x   (W: `rows` x `cols` f32, row-major; rows >= n: the
+//                   router's n rows first, then any stacked rows, e.g. the
+//                   shared expert's gate)
+//   then router_topk_body on logits[0..n) in the grid's last block.
+// Each row is a dot product over RG_TPR = 128 threads (4 warps): thread u
+// takes float4s u, u + 128, ... of the row; its first RG_V of them are
+// loaded before the PDL wait (the weights do not depend on the previous
+// kernel, so their DRAM latency overlaps its tail). The warp sums, then the
+// 4 warps' sums in warp order: a fixed order, so the logits are the same
+// bits in every launch.
+// The last block: every block counts itself done on `counter` (atomicAdd
+// after its logits and a fence); the block that sees gridDim.x - 1 is the
+// last, so every logit is written and visible, and it resets the counter
+// to 0 for the next launch (no other block of this launch touches it
+// again, and the next launch on the stream waits for this one's grid).
+// Launch: grid ceil(rows / (blockDim / 128)), blockDim = 128 *
+// ceil(n / 128) (at least n threads for the top-k: one logit a thread),
+// <= ROUTER_MAX_N; cols % 4 == 0 (16-byte row starts).
+#define RG_TPR 128
+#define RG_V 4
+//
+// With `norm_w` (else null), x is computed here rather than read: the
+// layer's post-mixer RMSNorm, x = RMSNorm(resid + mix) * norm_w, in every
+// block (the 8 KB of resid and mix are L2 reads; rms_norm_v8's arithmetic,
+// a thread holding 8 consecutive values, so the same bits), into shared
+// memory; block 0 also writes it to `x` and, with hq, as int8 activations
+// (the shared expert and the routed gate|up read them). `resid` is left as
+// it was: the combine adds mix to it (moe_combine_norm_v8's `mix`), since
+// other blocks still read it here. Needs cols % 32 == 0 and cols <= 8 *
+// blockDim, cols <= RG_MAX_D.
+#define RG_MAX_D 4096
 extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
-    router_topk_spread(const float* __restrict__ logits, int n, int k, int norm,
-                       const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
-                       u32* __restrict__ experts_out, float* __restrict__ w_out, const u8* pg,
-                       const u8* pu, const u8* pd, u64 sg, u64 su, u64 sd) {
+    router_gemv_topk(const float* __restrict__ w, float* __restrict__ x, int rows, int cols,
+                     float* __restrict__ logits, u32* __restrict__ counter, int n, int k,
+                     int norm, const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
+                     u32* __restrict__ experts_out, float* __restrict__ w_out,
+                     const float* __restrict__ resid, const float* __restrict__ mix,
+                     const float* __restrict__ norm_w, float eps, signed char* __restrict__ hq,
+                     float* __restrict__ hqd) {
+    __shared__ float s_part[ROUTER_MAX_N / 32];
+    __shared__ int s_last;
+    __shared__ __align__(16) float s_x[RG_MAX_D];
+    __shared__ double s_scratch[32];
+    const int t = threadIdx.x, u = t % RG_TPR, lane = t & 31;
+    const int row = blockIdx.x * (blockDim.x / RG_TPR) + t / RG_TPR;
+    const bool live = row < rows;
+    const int n4 = cols >> 2;
+    const float4* wr = reinterpret_cast<const float4*>(w + (u64)(live ? row : 0) * cols);
+    float4 wv[RG_V];
+#pragma unroll
+    for (int v = 0; v < RG_V; v++) {
+        const int i = u + v * RG_TPR;
+        wv[v] = i < n4 ? __ldg(wr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float wn[8];
+    const int i8 = 8 * t;
+    const bool act8 = norm_w && i8 < cols;
+    if (act8) load8(norm_w + i8, wn);
     PDL_PROLOGUE();
-    router_topk_body<true>(logits, n, k, norm, slot_of, slots_out, experts_out, w_out, pg, pu, pd,
-                           sg, su, sd);
-}
-
-// router_topk_warp: the same selection and outputs, bit for bit, on one
-// warp with no barrier, for n <= 32 * ROUTER_WARP_V = 512. Lane L holds
-// logits L, L + 32, ... in registers, so the f64 sum is added in the block
-// kernel's order (its warp 0 adds them the same way). Selection: k rounds
-// of a warp arg-max over (key, then the lower index), each lane offering
-// its best live value; the winner's lane retires it. The rounds pick the
-// experts in the block kernel's selection order (p desc, index asc), so the
-// renorm sum is added in that order as they come; the k winners (lane r
-// holding winner r) are then put in ascending expert order. Launch: one
-// block of 32 threads.
-#define ROUTER_WARP_V 16
-// (key, index) as one orderable word: a larger key first, then the lower
-// index; 0 = nothing (every real entry is larger: its index is < 2^31).
-__device__ __forceinline__ u64 router_rank(u32 key, u32 idx) {
-    return ((u64)key << 32) | (u64)(0xffffffffu - idx);
-}
-
-extern "C" __global__ void __launch_bounds__(32)
-    router_topk_warp(const float* __restrict__ logits, int n, int k, int norm,
-                     const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
-                     u32* __restrict__ experts_out, float* __restrict__ w_out) {
-    PDL_PROLOGUE();
-    const int lane = threadIdx.x;
-    float p[ROUTER_WARP_V];
-    float mx = -INFINITY;
+    const float4* xr = reinterpret_cast<const float4*>(x);
+    if (norm_w) {
+        float v[8];
 #pragma unroll
-    for (int i = 0; i < ROUTER_WARP_V; i++) {
-        const int e = lane + 32 * i;
-        p[i] = e < n ? logits[e] : -INFINITY;
-        mx = fmaxf(mx, p[i]);
-    }
+        for (int e = 0; e < 8; e++) v[e] = 0.f;
+        if (act8) {
+            float m8[8];
+            load8(resid + i8, v);
+            load8(mix + i8, m8);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    double sum = 0.0;
-#pragma unroll
-    for (int i = 0; i < ROUTER_WARP_V; i++) {
-        const bool valid = lane + 32 * i < n;
-        p[i] = valid ? expf(p[i] - mx) : 0.0f;
-        if (valid) sum += (double)p[i];
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float inv = (float)(1.0 / sum);
-    u32 alive = 0;
-#pragma unroll
-    for (int i = 0; i < ROUTER_WARP_V; i++) {
-        p[i] = __fmul_rn(p[i], inv);
-        if (lane + 32 * i < n) alive |= 1u << i;
-    }
-    // This lane's best live entry.
-    auto best_of = [&]() {
-        u64 b = 0;
-#pragma unroll
-        for (int i = 0; i < ROUTER_WARP_V; i++) {
-            const u64 c = (alive >> i) & 1u ? router_rank(router_key(p[i]), lane + 32 * i) : 0ull;
-            b = c > b ? c : b;
+            for (int e = 0; e < 8; e++) v[e] = __fadd_rn(v[e], m8[e]);
         }
-        return b;
-    };
-    u64 mine = best_of();
-    u32 my_e = 0;
-    float my_p = 0.0f, s = 0.0f;
-    for (int r = 0; r < k; r++) {
-        u64 b = mine;
+        // norm8_store's arithmetic, into shared memory (and x, hq: block 0)
+        double ss = 0.0;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const u64 other = __shfl_xor_sync(0xffffffffu, b, o);
-            b = other > b ? other : b;
-        }
-        const u32 idx = 0xffffffffu - (u32)b;
-        const int owner = (int)(idx & 31u), slot = (int)(idx >> 5);
-        float wp = 0.0f;
-        if (lane == owner) {
+        for (int e = 0; e < 8; e++) ss += (double)v[e] * (double)v[e];
+        ss = block_sum_f64(ss, s_scratch);
+        const float sc = (float)(1.0 / sqrt(ss / (double)cols + (double)eps));
+        float o[8];
 #pragma unroll
-            for (int i = 0; i < ROUTER_WARP_V; i++)
-                if (i == slot) wp = p[i];
-            alive &= ~(1u << slot);
-            mine = best_of();
+        for (int e = 0; e < 8; e++) o[e] = __fmul_rn(__fmul_rn(v[e], sc), wn[e]);
+        if (act8) st8(s_x + i8, o);
+        if (blockIdx.x == 0) {
+            if (act8) st8(x + i8, o);
+            if (hq) quad_q8(o, i8, act8, hq, hqd);
         }
-        wp = __shfl_sync(0xffffffffu, wp, owner);
-        s += wp;
-        if (lane == r) {
-            my_e = idx;
-            my_p = wp;
-        }
+        __syncthreads();
+        xr = reinterpret_cast<const float4*>(s_x);
     }
-    // ascending expert order
-    const bool act = lane < k;
-    int pos = 0;
-    for (int j = 0; j < k; j++) pos += __shfl_sync(0xffffffffu, my_e, j) < my_e ? 1 : 0;
-    if (act) {
-        experts_out[pos] = my_e;
-        slots_out[pos] = slot_of ? slot_of[my_e] : my_e;
-        w_out[pos] = norm ? my_p / s : my_p;
+    float4 xv[RG_V];
+#pragma unroll
+    for (int v = 0; v < RG_V; v++) {
+        const int i = u + v * RG_TPR;
+        xv[v] = i < n4 ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    float acc = 0.f;
+#pragma unroll
+    for (int v = 0; v < RG_V; v++) {
+        acc = fmaf(wv[v].x, xv[v].x, acc);
+        acc = fmaf(wv[v].y, xv[v].y, acc);
+        acc = fmaf(wv[v].z, xv[v].z, acc);
+        acc = fmaf(wv[v].w, xv[v].w, acc);
+    }
+    for (int i = u + RG_V * RG_TPR; i < n4; i += RG_TPR) {
+        const float4 a = __ldg(wr + i), b = xr[i];
+        acc = fmaf(a.x, b.x, acc);
+        acc = fmaf(a.y, b.y, acc);
+        acc = fmaf(a.z, b.z, acc);
+        acc = fmaf(a.w, b.w, acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) s_part[t >> 5] = acc;
+    __syncthreads();
+    if (u == 0 && live) {
+        const int w0 = t >> 5;
+        float s = 0.f;
+#pragma unroll
+        for (int q = 0; q < RG_TPR / 32; q++) s += s_part[w0 + q];
+        logits[row] = s;
+        __threadfence();  // the logit before this block's count
+    }
+    __syncthreads();
+    if (t == 0) s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    if (t == 0) *counter = 0u;
+    __threadfence();  // the other blocks' logits after their counts
+    router_topk_body(logits, n, k, norm, slot_of, slots_out, experts_out, w_out);
 }

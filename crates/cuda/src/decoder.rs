@@ -159,7 +159,7 @@ fn parse_f32_variant(v: Option<&str>) -> Option<Variant> {
 /// [`DEFAULT_NR`]); lanes per row at most `REDLITE_CUDA_Q8_LANES` = 4, 8,
 /// 16 or 32 (default [`DECODE_Q8_LANES`]), for rows of more than 32 lane
 /// chunks (4096-wide inputs) `REDLITE_CUDA_Q8_LANES_WIDE` (the same
-/// values, default the narrow rows' cap).
+/// values, default [`DECODE_Q8_LANES_WIDE`]).
 fn q8_config(layout: &DeviceLayout, cols: usize) -> Result<Q8Variant> {
     let var = |n: &str| std::env::var(n).ok();
     let nr = parse_choice(var("REDLITE_CUDA_Q8_NR").as_deref(), DEFAULT_NR, &[1, 2, 4])
@@ -171,10 +171,14 @@ fn q8_config(layout: &DeviceLayout, cols: usize) -> Result<Q8Variant> {
         &lanes,
     )
     .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_LANES: expected 4, 8, 16 or 32".into()))?;
-    let wide = parse_choice(var("REDLITE_CUDA_Q8_LANES_WIDE").as_deref(), narrow, &lanes)
-        .ok_or_else(|| {
-            CudaError::Invalid("REDLITE_CUDA_Q8_LANES_WIDE: expected 4, 8, 16 or 32".into())
-        })?;
+    let wide = parse_choice(
+        var("REDLITE_CUDA_Q8_LANES_WIDE").as_deref(),
+        DECODE_Q8_LANES_WIDE,
+        &lanes,
+    )
+    .ok_or_else(|| {
+        CudaError::Invalid("REDLITE_CUDA_Q8_LANES_WIDE: expected 4, 8, 16 or 32".into())
+    })?;
     let nch = layout.blocks_per_row(cols)? * q8_chunks_per_block(layout.ty);
     Ok(Q8Variant {
         max_lanes: if nch > 32 { wide } else { narrow },
@@ -198,33 +202,18 @@ fn shared_branch() -> Result<bool> {
     .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_SHARED_BRANCH: expected 0 or 1".into()))
 }
 
-/// Whether the routed top-k runs on one block per SM, each making the
-/// selection and then asking L2 for its share of the chosen experts' gate
-/// and up images (1) or gate, up and down (2), so that the routed GEMVs
-/// after it read L2 instead of DRAM (`router_topk_spread`; full residency
-/// only): `REDLITE_CUDA_TOPK_SPREAD` = 0 (the default until an A/B on the
-/// GPU shows it pays), 1 or 2; identical outputs (`redlite selftest`).
-fn topk_spread() -> Result<u32> {
+/// Whether a MoE layer's router GEMV and top-k run as one launch
+/// (`router_gemv_topk`, where the router is an F32 matrix):
+/// `REDLITE_CUDA_ROUTER_FUSED` = 1 (the default) or 0 (the GEMV, then
+/// `router_topk`), for an A/B.
+fn router_fused() -> Result<bool> {
     parse_choice(
-        std::env::var("REDLITE_CUDA_TOPK_SPREAD").ok().as_deref(),
-        0,
-        &[0, 1, 2],
-    )
-    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_TOPK_SPREAD: expected 0, 1 or 2".into()))
-}
-
-/// Whether the routed top-k runs on one warp without a barrier
-/// (`router_topk_warp`, n <= 512, the same bits as `router_topk`):
-/// `REDLITE_CUDA_TOPK_WARP` = 1, or 0 (the default until an A/B on the GPU
-/// shows it pays). `REDLITE_CUDA_TOPK_SPREAD=1` takes precedence.
-fn topk_warp() -> Result<bool> {
-    parse_choice(
-        std::env::var("REDLITE_CUDA_TOPK_WARP").ok().as_deref(),
-        0,
+        std::env::var("REDLITE_CUDA_ROUTER_FUSED").ok().as_deref(),
+        1,
         &[0, 1],
     )
     .map(|v| v == 1)
-    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_TOPK_WARP: expected 0 or 1".into()))
+    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_ROUTER_FUSED: expected 0 or 1".into()))
 }
 
 /// At most 16 lanes a row in the decode graph's int8 GEMVs: a 2048-wide
@@ -233,6 +222,12 @@ fn topk_warp() -> Result<bool> {
 /// fit in one wave of resident blocks. +3% decode on the H200 against 32
 /// lanes, and 8 lanes -10% (bench/RESULTS.md, fifth pass).
 const DECODE_Q8_LANES: u32 = 16;
+
+/// At most 32 lanes a row for the 4096-wide rows (the mixers' output
+/// projections): two chunks a lane, as the narrow rows at 16, in one loop
+/// step. +2.7% decode on the H200 against 16 (bench/RESULTS.md, sixth
+/// pass).
+const DECODE_Q8_LANES_WIDE: u32 = 32;
 
 /// An environment value that must be one of `allowed` (unset: `default`).
 fn parse_choice(v: Option<&str>, default: u32, allowed: &[u32]) -> Option<u32> {
@@ -444,6 +439,16 @@ struct MoeOp {
     actq: Option<Q8Vec>,
     shared: Option<FfnOp>,
     has_shared_gate: bool,
+    /// `router_gemv_topk`'s counter of finished blocks (0 between launches).
+    topk_counter: CudaSlice<u32>,
+    /// Whether the router GEMV and the top-k run as one launch
+    /// (`router_gemv_topk`; [`router_fused`], read when the graph's ops
+    /// are built).
+    fused_router: bool,
+    /// The post-mixer RMSNorm (weights, eps) computed inside the fused
+    /// router launch ([`fuse_router_norms`]); the combine then adds the
+    /// mixer's output to the residual.
+    in_norm: Option<(CudaSlice<f32>, f32)>,
     /// The next stage's RMSNorm (weights, eps, whether h is also wanted as
     /// int8), fused into the combine: one launch instead of two.
     next_norm: Option<(CudaSlice<f32>, f32, bool)>,
@@ -513,6 +518,56 @@ fn fuse_norms(ops: Vec<Op>) -> Vec<Op> {
         }
     }
     out
+}
+
+/// Fold each post-mixer Norm (with the residual add) into the fused
+/// router launch of the MoE op after it, where that launch runs and its
+/// combine takes the deferred residual add (the fused next norm, d % 8 ==
+/// 0, d <= 4096): one launch fewer per layer. `REDLITE_CUDA_ROUTER_NORM=0`
+/// keeps them apart (an A/B).
+fn fuse_router_norms(ops: Vec<Op>, d: usize) -> Result<Vec<Op>> {
+    let on = parse_choice(
+        std::env::var("REDLITE_CUDA_ROUTER_NORM").ok().as_deref(),
+        1,
+        &[0, 1],
+    )
+    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_ROUTER_NORM: expected 0 or 1".into()))?;
+    if on == 0 {
+        return Ok(ops);
+    }
+    let fits = |m: &MoeOp| {
+        m.fused_router
+            && m.next_norm.is_some()
+            && ops::v8_block(d).is_some()
+            && ops::router_in_norm_fits(d, m.x.n_expert)
+    };
+    let mut out: Vec<Op> = Vec::with_capacity(ops.len());
+    let mut pending: Option<Op> = None;
+    for op in ops {
+        match (pending.take(), op) {
+            (
+                Some(Op::Norm {
+                    w,
+                    eps,
+                    add_mix: true,
+                }),
+                Op::Moe(mut m),
+            ) if fits(&m) => {
+                m.in_norm = Some((w, eps));
+                out.push(Op::Moe(m));
+            }
+            (p, op) => {
+                out.extend(p);
+                if matches!(op, Op::Norm { add_mix: true, .. }) {
+                    pending = Some(op);
+                } else {
+                    out.push(op);
+                }
+            }
+        }
+    }
+    out.extend(pending);
+    Ok(out)
 }
 
 impl FfnOp {
@@ -595,8 +650,54 @@ impl MoeOp {
     ) -> Result<()> {
         let m = self;
         let hq = b.hq.as_ref();
-        cap.mark(gpu, "MoE: router (+ shared-expert gate, pre-gating) GEMV")?;
-        m.router.run(gpu, &b.h, hq)?;
+        let route = ops::Route {
+            n: x.n_expert,
+            k: x.k,
+            norm: x.norm_topk,
+        };
+        // The router's part 0 starts its group's matrix (Proj stacks parts
+        // in order), so the fused kernel's logits[0..n) are the router's.
+        let fused = m.fused_router && ops::router_gemv_topk_fits(&m.router.groups[0].0, route.n);
+        ensure!(
+            fused || m.in_norm.is_none(),
+            "a MoE layer's input norm was fused into a router launch that does not run"
+        );
+        if fused {
+            cap.mark(
+                gpu,
+                if m.in_norm.is_some() {
+                    "MoE: RMSNorm + router GEMV + top-k (+ shared-expert gate, pre-gating)"
+                } else {
+                    "MoE: router GEMV + top-k (+ shared-expert gate, pre-gating)"
+                },
+            )?;
+            let (mat, logits) = &m.router.groups[0];
+            let in_norm = m.in_norm.as_ref().map(|(w, eps)| ops::InNorm {
+                resid: &b.x,
+                mix: &b.mix,
+                w,
+                eps: *eps,
+                q8: hq,
+            });
+            ops::router_gemv_topk(
+                gpu,
+                mat,
+                &b.h,
+                in_norm,
+                logits,
+                &m.topk_counter,
+                route,
+                &m.slots,
+                &m.experts,
+                &m.w,
+            )?;
+            for (mat, y) in m.router.groups.iter_mut().skip(1) {
+                mv(gpu, mat, &b.h, hq, y)?;
+            }
+        } else {
+            cap.mark(gpu, "MoE: router (+ shared-expert gate, pre-gating) GEMV")?;
+            m.router.run(gpu, &b.h, hq)?;
+        }
         // The previous layer's prefetch into this layer's slots.
         let wait = cap.pending.take();
         if let Some(p) = &m.prefetch {
@@ -632,38 +733,22 @@ impl MoeOp {
             c.fetch(side, true, [&nx.gate, &nx.up, &nx.down], m.fetch_blocks.1)?;
             cap.pending = Some(side.stream.record_event(None)?);
         }
-        cap.mark(gpu, "MoE: top-k (+ cache plan)")?;
-        // At full residency the top-k may prefetch the chosen experts (an
-        // A/B, see topk_spread); with a cache the plan picks the slots after it.
-        let spread_mode = if x.cache.is_none() { topk_spread()? } else { 0 };
-        let kernel = if spread_mode > 0 {
-            // The down stack with stride 0: none of its lines (mode 1).
-            let down_stride = if spread_mode == 2 { x.down.stride } else { 0 };
-            ops::TopK::Spread(ops::ExpertStacks {
-                stacks: [
-                    (&x.gate.buf, x.gate.stride as u64, x.gate.n_slots),
-                    (&x.up.buf, x.up.stride as u64, x.up.n_slots),
-                    (&x.down.buf, down_stride as u64, x.down.n_slots),
-                ],
-                blocks: gpu.sms as u32,
-            })
-        } else if x.n_expert <= ops::ROUTER_WARP_MAX_N && topk_warp()? {
-            ops::TopK::Warp
-        } else {
-            ops::TopK::Block
-        };
-        ops::router_topk_on(
-            gpu,
-            m.router.part(0),
-            x.n_expert,
-            x.k,
-            x.norm_topk,
-            None,
-            &m.slots,
-            &m.experts,
-            &m.w,
-            kernel,
-        )?;
+        if !fused {
+            cap.mark(gpu, "MoE: top-k (+ cache plan)")?;
+            ops::router_topk(
+                gpu,
+                m.router.part(0),
+                x.n_expert,
+                x.k,
+                x.norm_topk,
+                None,
+                &m.slots,
+                &m.experts,
+                &m.w,
+            )?;
+        } else if x.cache.is_some() {
+            cap.mark(gpu, "MoE: cache plan")?;
+        }
         if let Some(c) = &x.cache {
             if let Some(ev) = wait {
                 gpu.stream.wait(&ev)?;
@@ -782,12 +867,17 @@ impl Op {
                 // The shared expert's branch forks and joins within one
                 // graph: here with the whole op, in the tail when the
                 // graph is cut after the plan.
+                // With the input norm in the router launch, h is ready
+                // only after it.
                 let mut shared_done = None;
-                if phase == Phase::All {
+                if phase == Phase::All && m.in_norm.is_none() {
                     shared_done = m.fork_shared(gpu, b, cap)?;
                 }
                 if phase != Phase::Tail {
                     m.head(gpu, b, cap, &x)?;
+                }
+                if phase == Phase::All && m.in_norm.is_some() {
+                    shared_done = m.fork_shared(gpu, b, cap)?;
                 }
                 if phase == Phase::Head {
                     return Ok(());
@@ -857,6 +947,7 @@ impl Op {
                     m.shared.as_ref().map(|s| &s.out),
                     m.has_shared_gate.then(|| m.router.part(1)),
                     norm,
+                    m.in_norm.is_some().then_some(&b.mix),
                 )
             }
             Op::Dense(f) => {
@@ -1132,10 +1223,14 @@ impl Builder<'_> {
         }
         let refs: Vec<&Weight> = parts.iter().collect();
         let router = Proj::new(gpu, f, &refs)?;
+        let fused_router = router_fused()? && ops::router_gemv_topk_fits(&router.groups[0].0, e);
         Ok(Op::Moe(Box::new(MoeOp {
             router,
             router_parts: parts,
             has_shared_gate: w.shared_gate.is_some(),
+            topk_counter: gpu.stream.alloc_zeros(1)?,
+            fused_router,
+            in_norm: None,
             fetch_blocks: cache.map_or((0, 0), |c| {
                 let per_sm = if c.fetch_blocks == 0 {
                     gpu.sms as u32
@@ -1350,9 +1445,10 @@ impl CudaDecoder {
         model.arch().decode_stages(&mut b)?;
         let n_moe = b.n_moe;
         let staging: Vec<[HostExperts; 3]> = b.staging.into_iter().map(|(_, s)| s).collect();
-        let (ops, embd, n_vocab) = (fuse_norms(b.ops), b.embd, b.n_vocab);
+        let (embd, n_vocab) = (b.embd, b.n_vocab);
         let embd = embd.context("the stages never embedded the token")?;
         let d = embd.cols();
+        let ops = fuse_router_norms(fuse_norms(b.ops), d)?;
         let bufs = Bufs {
             x: gpu.stream.alloc_zeros(d)?,
             h: gpu.stream.alloc_zeros(d)?,
@@ -1742,7 +1838,7 @@ mod tests {
         for bad in ["", "3", "8", "r2", "-1"] {
             assert_eq!(parse_choice(Some(bad), 2, &[1, 2, 4]), None, "{bad}");
         }
-        // the on/off switches (REDLITE_CUDA_SHARED_BRANCH, _TOPK_SPREAD)
+        // the on/off switches (REDLITE_CUDA_SHARED_BRANCH, _ROUTER_FUSED)
         assert_eq!(parse_choice(Some("0"), 1, &[0, 1]), Some(0));
         assert_eq!(parse_choice(None, 1, &[0, 1]), Some(1));
         assert_eq!(parse_choice(Some("on"), 1, &[0, 1]), None);

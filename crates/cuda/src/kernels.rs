@@ -148,7 +148,7 @@ pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "router.cu",
         source: kernel_dir!("router.cu"),
-        kernels: &["router_topk", "router_topk_spread", "router_topk_warp"],
+        kernels: &["router_topk", "router_gemv_topk"],
     },
     KernelFile {
         name: "elementwise.cu",

@@ -101,7 +101,7 @@ pub fn rms_norm(
 /// The block of the 8-values-a-thread kernels (`rms_norm_v8`,
 /// `moe_combine_norm_v8`) for rows of `d`: whole warps covering d, when d
 /// is whole 16-byte pairs and fits their launch bound (512 threads).
-fn v8_block(d: usize) -> Option<u32> {
+pub fn v8_block(d: usize) -> Option<u32> {
     (d.is_multiple_of(8) && d <= 8 * 512).then(|| (d / 8).div_ceil(32).max(1) as u32 * 32)
 }
 
@@ -632,67 +632,9 @@ pub fn router_topk(
     experts: &CudaSlice<u32>,
     w: &CudaSlice<f32>,
 ) -> Result<()> {
-    router_topk_on(
-        gpu,
-        logits,
-        n,
-        k,
-        norm,
-        slot_of,
-        slots,
-        experts,
-        w,
-        TopK::Block,
-    )
-}
-
-/// Most logits [`TopK::Warp`] takes (`32 * ROUTER_WARP_V` in router.cu).
-pub const ROUTER_WARP_MAX_N: usize = 512;
-
-/// The routed experts' three slot stacks, for [`TopK::Spread`] to prefetch
-/// the chosen experts from: (buffer, bytes between slots, slots); a stride
-/// of 0 leaves a stack out.
-pub struct ExpertStacks<'a> {
-    pub stacks: [(&'a CudaSlice<u8>, u64, usize); 3],
-    /// Blocks of the launch (each makes the selection, then prefetches its
-    /// share).
-    pub blocks: u32,
-}
-
-/// The kernel of a top-k launch; all three write the same bits.
-pub enum TopK<'a> {
-    /// `router_topk`: one block, a thread per logit.
-    Block,
-    /// `router_topk_spread`: a grid of `blocks` blocks that each make the
-    /// selection, then ask L2 for their share of the chosen experts' slot
-    /// images.
-    Spread(ExpertStacks<'a>),
-    /// `router_topk_warp`: one warp, no barrier (n <= [`ROUTER_WARP_MAX_N`]).
-    Warp,
-}
-
-/// [`router_topk`] through the kernel `kernel`.
-#[allow(clippy::too_many_arguments)]
-pub fn router_topk_on(
-    gpu: &Gpu,
-    logits: At,
-    n: usize,
-    k: usize,
-    norm: bool,
-    slot_of: Option<&CudaSlice<u32>>,
-    slots: &CudaSlice<u32>,
-    experts: &CudaSlice<u32>,
-    w: &CudaSlice<f32>,
-    kernel: TopK,
-) -> Result<()> {
-    let max_n = if matches!(kernel, TopK::Warp) {
-        ROUTER_WARP_MAX_N
-    } else {
-        1024
-    };
     ensure!(
-        (1..=max_n).contains(&n) && (1..=32).contains(&k) && k <= n,
-        "router: {k} of {n} experts (device kernel: n <= {max_n}, k <= 32)"
+        (1..=ROUTER_MAX_N).contains(&n) && (1..=32).contains(&k) && k <= n,
+        "router: {k} of {n} experts (device kernel: n <= {ROUTER_MAX_N}, k <= 32)"
     );
     ensure!(slots.len() >= k && experts.len() >= k && w.len() >= k);
     ensure!(slot_of.is_none_or(|s| s.len() >= n));
@@ -707,52 +649,147 @@ pub fn router_topk_on(
     // One thread per logit, whole warps: the kernel's barriers cost less
     // with fewer warps, so no more than n needs.
     let threads = n.div_ceil(32) as u32 * 32;
-    let args: [&dyn crate::device::KernelArg; 8] =
-        [&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]];
-    let sp = match kernel {
-        // SAFETY: router_topk(logits, n, k, norm, slot_of, slots_out,
-        // experts_out, w_out); sizes checked above; the kernel needs
-        // 32 * ceil(n / 32) threads (<= its launch bound of 1024, as n <= 1024).
-        TopK::Block => return unsafe { gpu.launch("router_topk", cfg((1, 1), threads), &args) },
-        // SAFETY: router_topk_warp, the same arguments, one warp; n <= 512
-        // (checked above: its registers hold 16 logits a lane).
-        TopK::Warp => return unsafe { gpu.launch("router_topk_warp", cfg((1, 1), 32), &args) },
-        TopK::Spread(sp) => sp,
-    };
-    ensure!(sp.blocks >= 1, "router: a spread launch needs a block");
-    // Every expert id (slot_of None: the id is the slot) or slot_of entry
-    // must name a slot of each stack, and each stack hold its slots.
-    let n_slots = sp.stacks.iter().map(|s| s.2).min().unwrap_or(0);
-    ensure!(
-        slot_of.is_some() || n <= n_slots,
-        "router: {n} experts but {n_slots} slots to prefetch from"
-    );
-    let mut a = [0u64; 3];
-    let mut st = [0u64; 3];
-    for (i, &(buf, stride, count)) in sp.stacks.iter().enumerate() {
-        ensure!(
-            (buf.len() as u64) >= stride * count as u64,
-            "router: a stack shorter than its slots"
-        );
-        a[i] = dptr(gpu, Some(buf));
-        st[i] = stride;
-    }
-    // SAFETY: router_topk_spread(logits, n, k, norm, slot_of, slots_out,
-    // experts_out, w_out, gate, up, down, gate_stride, up_stride,
-    // down_stride); sizes checked above; each stack holds `count` slots of
-    // `stride` bytes and every slot the kernel computes (an expert id <
-    // n <= count without a table; with one, the caller's table names
-    // slots of the stacks) lies inside.
+    // SAFETY: router_topk(logits, n, k, norm, slot_of, slots_out,
+    // experts_out, w_out); sizes checked above; the kernel needs
+    // 32 * ceil(n / 32) threads (<= its launch bound of 1024, as n <= 1024).
     unsafe {
         gpu.launch(
-            "router_topk_spread",
-            cfg((sp.blocks, 1), threads),
+            "router_topk",
+            cfg((1, 1), threads),
+            &[&p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4]],
+        )
+    }
+}
+
+/// Most logits the device top-k takes (`ROUTER_MAX_N` in router.cu).
+pub const ROUTER_MAX_N: usize = 1024;
+
+/// The router GEMV and [`router_topk`] in one launch
+/// (`router_gemv_topk`): `logits = W x` over all rows of the f32 matrix
+/// `w` (the router's `n` rows first, then any stacked rows), then the
+/// softmax + top-k of `logits[0..n)` in the grid's last block. `counter`:
+/// a word that is 0 between launches (the kernel leaves it so). With
+/// `in_norm`, x is not read but written: `x = RMSNorm(resid + mix)·w`
+/// (and as int8 into `q8`), computed in the same launch; `resid` is left
+/// as it was (the combine adds `mix`: [`moe_combine`]).
+#[allow(clippy::too_many_arguments)]
+pub fn router_gemv_topk(
+    gpu: &Gpu,
+    w: &crate::gemv::DeviceMatrix,
+    x: &CudaSlice<f32>,
+    in_norm: Option<InNorm>,
+    logits: &CudaSlice<f32>,
+    counter: &CudaSlice<u32>,
+    route: Route,
+    slots: &CudaSlice<u32>,
+    experts: &CudaSlice<u32>,
+    w_out: &CudaSlice<f32>,
+) -> Result<()> {
+    let Route { n, k, norm } = route;
+    ensure!(
+        router_gemv_topk_fits(w, n),
+        "router_gemv_topk: a {}x{} {:?} matrix for {n} experts (needs F32, columns a multiple of 4, n <= rows, n <= {ROUTER_MAX_N})",
+        w.rows,
+        w.cols,
+        w.layout.ty
+    );
+    ensure!(
+        (1..=32).contains(&k) && k <= n,
+        "router: {k} of {n} experts"
+    );
+    ensure!(w.buf.len() >= 4 * w.rows * w.cols && x.len() >= w.cols && logits.len() >= w.rows);
+    ensure!(!counter.is_empty() && slots.len() >= k && experts.len() >= k && w_out.len() >= k);
+    let threads = n.div_ceil(RG_THREADS_PER_ROW) * RG_THREADS_PER_ROW;
+    let blocks = w.rows.div_ceil(threads / RG_THREADS_PER_ROW);
+    let mut np = [0u64; 5];
+    let mut eps = 0f32;
+    if let Some(nm) = &in_norm {
+        ensure!(
+            router_in_norm_fits(w.cols, n),
+            "router_gemv_topk: no fused RMSNorm for {} columns and {n} experts",
+            w.cols
+        );
+        ensure!(nm.resid.len() >= w.cols && nm.mix.len() >= w.cols && nm.w.len() >= w.cols);
+        ensure!(nm.q8.is_none_or(|q| q.n >= w.cols));
+        let (qp, qdp) = q8ptrs(gpu, nm.q8);
+        np = [
+            dptr(gpu, Some(nm.resid)),
+            dptr(gpu, Some(nm.mix)),
+            dptr(gpu, Some(nm.w)),
+            qp,
+            qdp,
+        ];
+        eps = nm.eps;
+    }
+    let p: [u64; 7] = [
+        dptr(gpu, Some(&w.buf)),
+        dptr(gpu, Some(x)),
+        dptr(gpu, Some(logits)),
+        dptr(gpu, Some(counter)),
+        dptr(gpu, Some(slots)),
+        dptr(gpu, Some(experts)),
+        dptr(gpu, Some(w_out)),
+    ];
+    let (rows, cols) = (i32_of(w.rows)?, i32_of(w.cols)?);
+    let (n_i, k_i, norm_i, no_table) = (n as i32, k as i32, norm as i32, 0u64);
+    // SAFETY: router_gemv_topk(w, x, rows, cols, logits, counter, n, k,
+    // norm, slot_of, slots_out, experts_out, w_out): w holds rows x cols
+    // f32 (cols % 4 == 0: 16-byte row starts), x cols floats, logits rows
+    // floats, counter a word that every launch leaves at 0, the outputs k
+    // entries (checked above); no slot table (slot = expert). The block
+    // has 128 * ceil(n / 128) <= 1024 threads (its launch bound), at least
+    // one per logit, and the grid covers every row. With the fused norm
+    // (router_in_norm_fits: cols % 32 == 0, cols <= 8 * threads and <= the
+    // kernel's 4096-float shared buffer) resid, mix and norm_w hold cols
+    // floats and q8 (when given) cols values; else those pointers are null.
+    unsafe {
+        gpu.launch(
+            "router_gemv_topk",
+            cfg((blocks as u32, 1), threads as u32),
             &[
-                &p[0], &n_i, &k_i, &norm_i, &p[1], &p[2], &p[3], &p[4], &a[0], &a[1], &a[2],
-                &st[0], &st[1], &st[2],
+                &p[0], &p[1], &rows, &cols, &p[2], &p[3], &n_i, &k_i, &norm_i, &no_table, &p[4],
+                &p[5], &p[6], &np[0], &np[1], &np[2], &eps, &np[3], &np[4],
             ],
         )
     }
+}
+
+/// The post-mixer RMSNorm that [`router_gemv_topk`] computes in front of
+/// the router: `x = RMSNorm(resid + mix)·w`, also as int8 into `q8`.
+pub struct InNorm<'a> {
+    pub resid: &'a CudaSlice<f32>,
+    pub mix: &'a CudaSlice<f32>,
+    pub w: &'a CudaSlice<f32>,
+    pub eps: f32,
+    pub q8: Option<&'a Q8Vec>,
+}
+
+/// Whether [`router_gemv_topk`] can compute its input's RMSNorm for a
+/// `cols`-wide input and `n` experts (its block of 128·ceil(n/128) threads
+/// holds 8 values a thread; a 4096-float shared buffer).
+pub fn router_in_norm_fits(cols: usize, n: usize) -> bool {
+    let threads = n.div_ceil(RG_THREADS_PER_ROW) * RG_THREADS_PER_ROW;
+    cols.is_multiple_of(32) && cols >= 32 && cols <= 8 * threads && cols <= 4096
+}
+
+/// Threads per row of `router_gemv_topk` (`RG_TPR` in router.cu).
+const RG_THREADS_PER_ROW: usize = 128;
+
+/// Whether [`router_gemv_topk`] takes this router matrix for `n` experts.
+pub fn router_gemv_topk_fits(w: &crate::gemv::DeviceMatrix, n: usize) -> bool {
+    w.layout.ty == redlite_gguf::GgmlType::F32
+        && w.cols.is_multiple_of(4)
+        && w.cols >= 4
+        && (1..=ROUTER_MAX_N).contains(&n)
+        && n <= w.rows
+}
+
+/// What a router selects: `k` of `n` experts, renormalised when `norm`.
+#[derive(Clone, Copy, Debug)]
+pub struct Route {
+    pub n: usize,
+    pub k: usize,
+    pub norm: bool,
 }
 
 /// `out = SiLU(g) * u` over `n` values (out may be g); `q8`: out also as
@@ -809,7 +846,9 @@ pub struct NextNorm<'a> {
 
 /// `x += Σ_i w[i]·ys[i] + sh·sigmoid(sh_logit)` (`k` routed outputs of
 /// `d` values; the shared expert and its gate optional); with `norm`, also
-/// `h = RMSNorm(x)·norm.w` in the same launch.
+/// `h = RMSNorm(x)·norm.w` in the same launch. `mix` (with `norm`, d % 8
+/// == 0 and d <= 4096 only): the mixer's output, added to x first, for a
+/// layer whose post-mixer norm ran in [`router_gemv_topk`].
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
     gpu: &Gpu,
@@ -821,8 +860,15 @@ pub fn moe_combine(
     sh: Option<&CudaSlice<f32>>,
     sh_logit: Option<At>,
     norm: Option<NextNorm>,
+    mix: Option<&CudaSlice<f32>>,
 ) -> Result<()> {
     ensure!(x.len() >= d && ys.len() >= k * d && w.len() >= k && d >= 1);
+    ensure!(mix.is_none_or(|m| m.len() >= d));
+    ensure!(
+        mix.is_none() || (norm.is_some() && v8_block(d).is_some()),
+        "moe_combine: a deferred residual add (mix) needs the fused next norm and d % 8 == 0, d <= 4096"
+    );
+    let mixp = dptr(gpu, mix);
     ensure!(sh.is_none_or(|s| s.len() >= d));
     let slp = match sh_logit {
         Some(a) => at_ptr(gpu, a, 1)?,
@@ -848,15 +894,27 @@ pub fn moe_combine(
         // SAFETY: moe_combine_norm(x, ys, w, k, d, sh, sh_logit, norm_w,
         // eps, h, q, qd), moe_combine_norm_v8 the same with 8 * block >= d
         // and d % 8 == 0 (v8_block); x, h, norm_w hold d floats, ys k*d, w
-        // k, q/qd d values with d % 32 == 0 (checked above); one block.
+        // k, q/qd d values with d % 32 == 0, mix (v8 only, null when not
+        // given) d floats (checked above); one block.
         return unsafe {
-            gpu.launch(
-                name,
-                cfg((1, 1), block),
-                &[
-                    &p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4], &wp, &n.eps, &hp, &qp, &qdp,
-                ],
-            )
+            if name == "moe_combine_norm_v8" {
+                gpu.launch(
+                    name,
+                    cfg((1, 1), block),
+                    &[
+                        &p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4], &wp, &n.eps, &hp, &qp, &qdp,
+                        &mixp,
+                    ],
+                )
+            } else {
+                gpu.launch(
+                    name,
+                    cfg((1, 1), block),
+                    &[
+                        &p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4], &wp, &n.eps, &hp, &qp, &qdp,
+                    ],
+                )
+            }
         };
     }
     // SAFETY: moe_combine(x, ys, w, k, d, sh, sh_logit); sizes checked above.

@@ -5,12 +5,13 @@
 
 use crate::device::Gpu;
 use crate::error::Result;
-use crate::gemv::Q8Vec;
+use crate::gemv::{DeviceMatrix, Q8Vec};
 use crate::ops::{self, f16_round, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
 use crate::reference::{self as r, GdnShape, GdnStepInputs};
 use crate::selftest::{compare, fold, Worst};
 use crate::testdata::{random_vec, Rng};
 use cudarc::driver::CudaSlice;
+use redlite_gguf::GgmlType;
 
 fn up<T: cudarc::driver::DeviceRepr>(gpu: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
     Ok(gpu.stream.clone_htod(v)?)
@@ -43,6 +44,7 @@ pub fn run(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
     out.extend(attention(gpu, rng, &mut q8w)?);
     out.push(deltanet(gpu, rng, &mut q8w)?);
     out.push(router(gpu, rng)?);
+    out.push(router_gemv(gpu, rng)?);
     out.push(elementwise(gpu, rng, &mut q8w)?);
     out.push(q8w);
     out.extend(crate::expert_cache::selftest(gpu, rng)?);
@@ -481,7 +483,7 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
 
 fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
     let mut w =
-        Worst::new("router_topk (softmax, top-k, renorm, slots; abs err of weights), router_topk_spread and router_topk_warp (the same bits)".into());
+        Worst::new("router_topk (softmax, top-k, renorm, slots; abs err of weights)".into());
     // n not a multiple of 32 (a partial last warp), n = k, k = 1 and 32,
     // the largest n; `ties`: logits on a coarse grid, so the k-th largest
     // p is tied with others and the lower expert indices must win (equal
@@ -525,81 +527,176 @@ fn router(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
                 && ev.iter().zip(&sv).all(|(&e, &s)| slot_of[e as usize] == s);
             let ww: Vec<f64> = want.iter().map(|c| c.1).collect();
             let (a, rel, written) = compare(&wv, &ww);
-            // router_topk_spread (several blocks, each prefetching a share
-            // of the chosen experts from three stacks) must write exactly
-            // what router_topk wrote.
-            let stack = gpu.stream.alloc_zeros::<u8>(n * 384)?;
-            let spread = ops::ExpertStacks {
-                stacks: [(&stack, 384, n), (&stack, 256, n), (&stack, 130, n)],
-                blocks: 7,
-            };
-            let (sd2, ed2) = (up(gpu, &vec![u32::MAX; k])?, up(gpu, &vec![u32::MAX; k])?);
-            let wd2 = nan(gpu, k)?;
-            ops::router_topk_on(
-                gpu,
-                (&ld, 0),
-                n,
-                k,
-                norm,
-                Some(&sod),
-                &sd2,
-                &ed2,
-                &wd2,
-                ops::TopK::Spread(spread),
-            )?;
-            let mut same = same_bits(&down(gpu, &wd2)?, &wv)
-                && gpu.stream.clone_dtoh(&sd2)? == sv
-                && gpu.stream.clone_dtoh(&ed2)? == ev;
-            // Without a slot table (full residency, as the decoder runs
-            // it): slot = expert.
-            let spread = ops::ExpertStacks {
-                // (the decoder's gate and up only: the down stack's stride 0)
-                stacks: [(&stack, 384, n), (&stack, 384, n), (&stack, 0, n)],
-                blocks: 3,
-            };
-            ops::router_topk_on(
-                gpu,
-                (&ld, 0),
-                n,
-                k,
-                norm,
-                None,
-                &sd2,
-                &ed2,
-                &wd2,
-                ops::TopK::Spread(spread),
-            )?;
-            same &= same_bits(&down(gpu, &wd2)?, &wv)
-                && gpu.stream.clone_dtoh(&sd2)? == ev
-                && gpu.stream.clone_dtoh(&ed2)? == ev;
-            // router_topk_warp (n <= 512): the same bits as well.
-            if n <= ops::ROUTER_WARP_MAX_N {
-                let (sd3, ed3) = (up(gpu, &vec![u32::MAX; k])?, up(gpu, &vec![u32::MAX; k])?);
-                let wd3 = nan(gpu, k)?;
-                ops::router_topk_on(
-                    gpu,
-                    (&ld, 0),
-                    n,
-                    k,
-                    norm,
-                    Some(&sod),
-                    &sd3,
-                    &ed3,
-                    &wd3,
-                    ops::TopK::Warp,
-                )?;
-                same &= same_bits(&down(gpu, &wd3)?, &wv)
-                    && gpu.stream.clone_dtoh(&sd3)? == sv
-                    && gpu.stream.clone_dtoh(&ed3)? == ev;
-            }
-            fold(&mut w, (a, rel, written && ids_ok && same));
+            fold(&mut w, (a, rel, written && ids_ok));
         }
     }
     Ok(w)
 }
 
+/// `router_gemv_topk`: its logits against an f64 GEMV, its choice against
+/// the host's route of those logits, and exactly what `router_topk` makes
+/// of them; every case launched twice (the second launch finds the block
+/// counter the first left, so a counter left non-zero would show as
+/// outputs never written).
+fn router_gemv(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
+    let mut w = Worst::new(
+        "router_gemv_topk (router GEMV + top-k in one launch, and with its input RMSNorm: logits rel err; choice = route of them, bits = router_topk's and rms_norm's)".into(),
+    );
+    // (n, extra stacked rows, cols, k, norm): Qwen3-Next's 512 x 2048 with
+    // the shared-expert gate row; a row longer than the preloaded 4 float4s
+    // a thread (2080); n not a multiple of 128 (one block of 1024 threads
+    // for n = 1000); narrow rows; k = n.
+    for (n, extra, cols, k, norm) in [
+        (512, 1, 2048, 10, true),
+        (512, 0, 2080, 8, false),
+        (1000, 3, 256, 32, true),
+        (16, 1, 96, 4, true),
+        (130, 0, 32, 7, true),
+        (5, 2, 64, 5, false),
+    ] {
+        let rows = n + extra;
+        for _ in 0..3 {
+            let mat = random_vec(rows * cols, rng);
+            let x = random_vec(cols, rng);
+            let want: Vec<f64> = (0..rows)
+                .map(|r| {
+                    mat[r * cols..(r + 1) * cols]
+                        .iter()
+                        .zip(&x)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum()
+                })
+                .collect();
+            let bytes: Vec<u8> = mat.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let m = DeviceMatrix::upload(gpu, GgmlType::F32, rows, cols, &bytes)?;
+            let (xd, ld) = (up(gpu, &x)?, nan(gpu, rows)?);
+            let counter = gpu.stream.alloc_zeros::<u32>(1)?;
+            let route = ops::Route { n, k, norm };
+            let mut ok = true;
+            let mut first = None;
+            for _ in 0..2 {
+                let (sd, ed) = (up(gpu, &vec![u32::MAX; k])?, up(gpu, &vec![u32::MAX; k])?);
+                let wd = nan(gpu, k)?;
+                ops::router_gemv_topk(gpu, &m, &xd, None, &ld, &counter, route, &sd, &ed, &wd)?;
+                let logits = down(gpu, &ld)?;
+                let (a, rel, written) = compare(&logits, &want);
+                fold(&mut w, (a, rel, written));
+                // what the standalone top-k makes of the same logits
+                let (sd2, ed2) = (up(gpu, &vec![u32::MAX; k])?, up(gpu, &vec![u32::MAX; k])?);
+                let wd2 = nan(gpu, k)?;
+                ops::router_topk(gpu, (&ld, 0), n, k, norm, None, &sd2, &ed2, &wd2)?;
+                let (wv, ev, sv) = (
+                    down(gpu, &wd)?,
+                    gpu.stream.clone_dtoh(&ed)?,
+                    gpu.stream.clone_dtoh(&sd)?,
+                );
+                let chosen = r::route(&logits[..n], k, norm);
+                ok &= chosen.iter().zip(&ev).all(|(c, &e)| c.0 == e)
+                    && sv == ev
+                    && same_bits(&wv, &down(gpu, &wd2)?)
+                    && gpu.stream.clone_dtoh(&ed2)? == ev
+                    && gpu.stream.clone_dtoh(&counter)? == [0];
+                // the second launch: the same bits again
+                match &first {
+                    None => first = Some((logits, wv)),
+                    Some((l0, w0)) => ok &= same_bits(l0, &logits) && same_bits(w0, &wv),
+                }
+            }
+            // The post-mixer RMSNorm in front (where it fits): x, its
+            // int8 form and the residual exactly as rms_norm (with the
+            // residual add) makes them, except that the residual stays.
+            if ops::router_in_norm_fits(cols, n) {
+                ok &= router_in_norm_case(gpu, rng, &m, route, &counter, &mut w)?;
+            }
+            if !ok {
+                fold(&mut w, (0.0, 0.0, false));
+            }
+        }
+    }
+    Ok(w)
+}
+
+/// One `router_gemv_topk` launch with its input's RMSNorm fused: whether
+/// h, its int8 form and the choice match rms_norm + router_topk bit for
+/// bit and the residual is untouched; the logits against an f64 GEMV of
+/// that h go into `w`.
+fn router_in_norm_case(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    m: &DeviceMatrix,
+    route: ops::Route,
+    counter: &CudaSlice<u32>,
+    w: &mut Worst,
+) -> Result<bool> {
+    let (d, k) = (m.cols, route.k);
+    let (resid, mix) = (random_vec(d, rng), random_vec(d, rng));
+    let nw = scaled(d, 0.5, 1.5, rng);
+    let (rd, md, nwd) = (up(gpu, &resid)?, up(gpu, &mix)?, up(gpu, &nw)?);
+    let (hd, ld, q8) = (nan(gpu, d)?, nan(gpu, m.rows)?, Q8Vec::new(gpu, d)?);
+    let (sd, ed, wd) = (
+        up(gpu, &vec![u32::MAX; k])?,
+        up(gpu, &vec![u32::MAX; k])?,
+        nan(gpu, k)?,
+    );
+    let norm = ops::InNorm {
+        resid: &rd,
+        mix: &md,
+        w: &nwd,
+        eps: 1e-6,
+        q8: Some(&q8),
+    };
+    ops::router_gemv_topk(gpu, m, &hd, Some(norm), &ld, counter, route, &sd, &ed, &wd)?;
+    // rms_norm with the residual add: x += mix, h = RMSNorm(x)·w
+    let (xr, hr, q8r) = (up(gpu, &resid)?, nan(gpu, d)?, Q8Vec::new(gpu, d)?);
+    ops::rms_norm(
+        gpu,
+        &xr,
+        Some(&md),
+        &nwd,
+        Some(&hr),
+        Some(&q8r),
+        1,
+        d,
+        1e-6,
+        false,
+    )?;
+    let h = down(gpu, &hd)?;
+    let mut ok = same_bits(&h, &down(gpu, &hr)?)
+        && gpu.stream.clone_dtoh(&q8.q)? == gpu.stream.clone_dtoh(&q8r.q)?
+        && same_bits(&down(gpu, &q8.d)?, &down(gpu, &q8r.d)?)
+        && same_bits(&down(gpu, &rd)?, &resid);
+    let mat = {
+        let bytes = gpu.stream.clone_dtoh(&m.buf)?;
+        let v: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        v
+    };
+    let want: Vec<f64> = (0..m.rows)
+        .map(|r| {
+            mat[r * d..(r + 1) * d]
+                .iter()
+                .zip(&h)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum()
+        })
+        .collect();
+    let logits = down(gpu, &ld)?;
+    fold(w, compare(&logits, &want));
+    let chosen = r::route(&logits[..route.n], k, route.norm);
+    ok &= chosen
+        .iter()
+        .zip(&gpu.stream.clone_dtoh(&ed)?)
+        .all(|(c, &e)| c.0 == e)
+        && gpu.stream.clone_dtoh(counter)? == [0];
+    Ok(ok)
+}
+
 fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
-    let mut w = Worst::new("swiglu, moe_combine (+ fused next RMSNorm), add_inplace".into());
+    let mut w = Worst::new(
+        "swiglu, moe_combine (+ fused next RMSNorm, + deferred residual add), add_inplace".into(),
+    );
     for n in [1usize, 100, 2048, 10 * 512] {
         let (g, u) = (scaled(n, -6.0, 6.0, rng), random_vec(n, rng));
         let (gd, ud, od) = (up(gpu, &g)?, up(gpu, &u)?, nan(gpu, n)?);
@@ -654,6 +751,7 @@ fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
                 shared.then_some(&shd),
                 shared.then_some((&sld, 0)),
                 None,
+                None,
             )?;
             fold(&mut w, compare(&down(gpu, &xd)?, &want));
             // The same with the next RMSNorm fused (and its int8 output).
@@ -677,6 +775,7 @@ fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
                 shared.then_some(&shd),
                 shared.then_some((&sld, 0)),
                 Some(norm),
+                None,
             )?;
             let xn: Vec<f32> = want.iter().map(|&v| v as f32).collect();
             let (_, want_h) = r::rms_norm(&xn, None, &nw, d, 1e-6, false);
@@ -684,6 +783,44 @@ fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
             let h = down(gpu, &hd)?;
             fold(&mut w, compare(&h, &want_h));
             check_q8(gpu, &h, &q8, q8w)?;
+            // The residual add deferred into the combine (mix): the same
+            // bits as the combine on x + mix rounded to f32 first (what
+            // rms_norm's residual add leaves in x).
+            if ops::v8_block(d).is_some() {
+                let mix = random_vec(d, rng);
+                let xm: Vec<f32> = x.iter().zip(&mix).map(|(a, b)| a + b).collect();
+                let (xd2, mixd, hd2) = (up(gpu, &x)?, up(gpu, &mix)?, nan(gpu, d)?);
+                let q82 = Q8Vec::new(gpu, d)?;
+                let run = |xd: &CudaSlice<f32>, hd: &CudaSlice<f32>, q: &Q8Vec, mix| {
+                    let norm = ops::NextNorm {
+                        w: &nwd,
+                        eps: 1e-6,
+                        h: hd,
+                        q8: Some(q),
+                    };
+                    ops::moe_combine(
+                        gpu,
+                        xd,
+                        &yd,
+                        &wd,
+                        k,
+                        d,
+                        shared.then_some(&shd),
+                        shared.then_some((&sld, 0)),
+                        Some(norm),
+                        mix,
+                    )
+                };
+                run(&xd2, &hd2, &q82, Some(&mixd))?;
+                let (xd3, hd3, q83) = (up(gpu, &xm)?, nan(gpu, d)?, Q8Vec::new(gpu, d)?);
+                run(&xd3, &hd3, &q83, None)?;
+                let same = same_bits(&down(gpu, &xd2)?, &down(gpu, &xd3)?)
+                    && same_bits(&down(gpu, &hd2)?, &down(gpu, &hd3)?)
+                    && gpu.stream.clone_dtoh(&q82.q)? == gpu.stream.clone_dtoh(&q83.q)?;
+                if !same {
+                    fold(&mut w, (0.0, 0.0, false));
+                }
+            }
         }
     }
     Ok(w)
