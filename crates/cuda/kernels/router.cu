@@ -200,6 +200,29 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
 // other blocks still read it here. Needs cols % 32 == 0 and cols <= 8 *
 // blockDim, cols <= RG_MAX_D.
 #define RG_MAX_D 4096
+// Before the PDL wait: this thread's first RG_V float4s of its router row
+// and (with the fused norm) its 8 norm weights, into registers. Both are
+// model weights that no kernel writes, so reading them before the wait is
+// safe, and their DRAM latency overlaps the previous kernel's tail.
+__device__ __forceinline__ void router_gemv_prefetch(const float* __restrict__ w, int rows,
+                                                     int cols, const float* __restrict__ norm_w,
+                                                     float4* wv, float* wn) {
+    const int t = threadIdx.x, u = t % RG_TPR;
+    const int row = blockIdx.x * (blockDim.x / RG_TPR) + t / RG_TPR;
+    const int n4 = cols >> 2;
+    const float4* wr = reinterpret_cast<const float4*>(w + (u64)(row < rows ? row : 0) * cols);
+#pragma unroll
+    for (int v = 0; v < RG_V; v++) {
+        const int i = u + v * RG_TPR;
+        wv[v] = i < n4 ? __ldg(wr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (norm_w && 8 * t < cols) {
+        load8(norm_w + 8 * t, wn);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) wn[e] = 0.f;
+    }
+}
 extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
     router_gemv_topk(const float* __restrict__ w, float* __restrict__ x, int rows, int cols,
                      float* __restrict__ logits, u32* __restrict__ counter, int n, int k,
@@ -208,6 +231,10 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
                      const float* __restrict__ resid, const float* __restrict__ mix,
                      const float* __restrict__ norm_w, float eps, signed char* __restrict__ hq,
                      float* __restrict__ hqd) {
+    float4 wv[RG_V];
+    float wn[8];
+    router_gemv_prefetch(w, rows, cols, norm_w, wv, wn);
+    PDL_PROLOGUE();
     __shared__ float s_part[ROUTER_MAX_N / 32];
     __shared__ int s_last;
     __shared__ __align__(16) float s_x[RG_MAX_D];
@@ -217,17 +244,8 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
     const bool live = row < rows;
     const int n4 = cols >> 2;
     const float4* wr = reinterpret_cast<const float4*>(w + (u64)(live ? row : 0) * cols);
-    float4 wv[RG_V];
-#pragma unroll
-    for (int v = 0; v < RG_V; v++) {
-        const int i = u + v * RG_TPR;
-        wv[v] = i < n4 ? __ldg(wr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    float wn[8];
     const int i8 = 8 * t;
     const bool act8 = norm_w && i8 < cols;
-    if (act8) load8(norm_w + i8, wn);
-    PDL_PROLOGUE();
     const float4* xr = reinterpret_cast<const float4*>(x);
     if (norm_w) {
         float v[8];

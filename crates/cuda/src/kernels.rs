@@ -337,12 +337,24 @@ mod tests {
 
     /// Whether a kernel body opens with `PDL_PROLOGUE();`, or with one
     /// call of a `*_prefetch` helper (L2 hints of read-only weights, see
-    /// `l2_prefetch` in common.cuh) and then `PDL_PROLOGUE();`.
+    /// `l2_prefetch` in common.cuh, or their loads into registers) and
+    /// then `PDL_PROLOGUE();`; declarations without an initializer (no
+    /// `(`, `=`, `++`, `--` or braces: they touch no memory) may come
+    /// first.
     fn prologue_first(body: &str) -> bool {
         let skip = |t: &str| {
             t.trim_start_matches(|c: char| c.is_whitespace() || c == '\\')
                 .to_string()
         };
+        let mut body = body.to_string();
+        while let Some((stmt, rest)) = body.split_once(';') {
+            let touches =
+                stmt.contains(['(', '=', '{', '}']) || stmt.contains("++") || stmt.contains("--");
+            if stmt.trim().is_empty() || touches {
+                break;
+            }
+            body = skip(rest);
+        }
         if body.starts_with("PDL_PROLOGUE();") {
             return true;
         }
@@ -367,6 +379,13 @@ mod tests {
             "gemv_prefetch<T>(w); y[0] = 1; PDL_PROLOGUE();"
         ));
         assert!(!prologue_first("pdl_wait();"));
+        assert!(prologue_first(
+            "float4 wv[4];\n    float wn[8];\n    router_gemv_prefetch(w, wv, wn);\n    PDL_PROLOGUE();"
+        ));
+        assert!(!prologue_first("float a[2]; a[0] = 1.f; PDL_PROLOGUE();"));
+        assert!(!prologue_first("float a[2]; y[0] = a[1]; PDL_PROLOGUE();"));
+        assert!(!prologue_first("float a = x[0]; PDL_PROLOGUE();"));
+        assert!(!prologue_first("int n; y[0]++; PDL_PROLOGUE();"));
     }
 
     /// PDL (`Gpu::pdl`) is only correct if every kernel waits for its

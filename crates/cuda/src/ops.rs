@@ -931,6 +931,21 @@ pub fn moe_combine(
 mod tests {
     use super::*;
 
+    /// router_gemv_topk's fused input norm: 8 values a thread of its
+    /// 128·ceil(n/128)-thread block, whole 32-value groups, at most its
+    /// 4096-float shared buffer.
+    #[test]
+    fn router_in_norm_shapes() {
+        assert!(router_in_norm_fits(2048, 512)); // Qwen3-Next
+        assert!(router_in_norm_fits(4096, 512));
+        assert!(router_in_norm_fits(256, 16)); // the tiny fixtures
+        assert!(router_in_norm_fits(1024, 100));
+        assert!(!router_in_norm_fits(2048, 100)); // 128 threads hold 1024
+        assert!(!router_in_norm_fits(2050, 512));
+        assert!(!router_in_norm_fits(8192, 1024)); // the shared buffer
+        assert!(!router_in_norm_fits(0, 16));
+    }
+
     /// The 8-values-a-thread kernels: whole warps covering d, only for
     /// d % 8 == 0 up to their 512-thread bound; the 1024-thread kernels
     /// otherwise.
