@@ -192,24 +192,30 @@ __device__ __forceinline__ void quad_q8(const float* v, int i, bool store,
     if ((i & 31) == 0) qd[i >> 5] = a / 127.f;
 }
 
-// The RMSNorm tail of the 8-values-a-thread kernels (norm.cu rms_norm_v8,
-// elementwise.cu moe_combine_norm_v8): this thread holds the row's values
-// i..i+8 in v (zeros where !act) and their weights in w; the row's sum of
-// squares in f64 over the block (every thread must call: block_sum_f64),
-// then out[i..i+8] = v * s * w with s = 1 / sqrt(mean + eps), and the same
-// as int8 (quad_q8) when q is given.
-__device__ __forceinline__ void norm8_store(const float* v, const float* w, int d, float eps,
-                                            int i, bool act, double* scratch,
-                                            float* __restrict__ out, signed char* __restrict__ q,
-                                            float* __restrict__ qd) {
+// The RMSNorm of the 8-values-a-thread kernels: this thread holds the
+// row's values i..i+8 in v (zeros where it holds none) and their weights in
+// w; the row's sum of squares in f64 over the block (every thread must
+// call: block_sum_f64), then o = v * s * w with s = 1 / sqrt(mean + eps).
+__device__ __forceinline__ void norm8(const float* v, const float* w, int d, float eps,
+                                      double* scratch, float* o) {
     double ss = 0.0;
 #pragma unroll
     for (int e = 0; e < 8; e++) ss += (double)v[e] * (double)v[e];
     ss = block_sum_f64(ss, scratch);
     const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
-    float o[8];
 #pragma unroll
     for (int e = 0; e < 8; e++) o[e] = __fmul_rn(__fmul_rn(v[e], s), w[e]);
+}
+
+// norm8 and its store (norm.cu rms_norm_v8, elementwise.cu
+// moe_combine_norm_v8): out[i..i+8] (where act), and the same as int8
+// (quad_q8) when q is given.
+__device__ __forceinline__ void norm8_store(const float* v, const float* w, int d, float eps,
+                                            int i, bool act, double* scratch,
+                                            float* __restrict__ out, signed char* __restrict__ q,
+                                            float* __restrict__ qd) {
+    float o[8];
+    norm8(v, w, d, eps, scratch, o);
     if (act) st8(out + i, o);
     if (q) quad_q8(o, i, act, q, qd);
 }

@@ -258,15 +258,10 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
 #pragma unroll
             for (int e = 0; e < 8; e++) v[e] = __fadd_rn(v[e], m8[e]);
         }
-        // norm8_store's arithmetic, into shared memory (and x, hq: block 0)
-        double ss = 0.0;
-#pragma unroll
-        for (int e = 0; e < 8; e++) ss += (double)v[e] * (double)v[e];
-        ss = block_sum_f64(ss, s_scratch);
-        const float sc = (float)(1.0 / sqrt(ss / (double)cols + (double)eps));
+        // norm8_store's arithmetic (the same bits as rms_norm_v8), into
+        // shared memory (and x, hq: block 0)
         float o[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) o[e] = __fmul_rn(__fmul_rn(v[e], sc), wn[e]);
+        norm8(v, wn, cols, eps, s_scratch, o);
         if (act8) st8(s_x + i8, o);
         if (blockIdx.x == 0) {
             if (act8) st8(x + i8, o);

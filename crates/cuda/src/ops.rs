@@ -891,31 +891,19 @@ pub fn moe_combine(
             Some(b) => ("moe_combine_norm_v8", b),
             None => ("moe_combine_norm", 1024),
         };
+        // moe_combine_norm_v8 takes one more argument: mix.
+        let mut args: Vec<&dyn crate::device::KernelArg> = vec![
+            &p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4], &wp, &n.eps, &hp, &qp, &qdp,
+        ];
+        if name == "moe_combine_norm_v8" {
+            args.push(&mixp);
+        }
         // SAFETY: moe_combine_norm(x, ys, w, k, d, sh, sh_logit, norm_w,
-        // eps, h, q, qd), moe_combine_norm_v8 the same with 8 * block >= d
-        // and d % 8 == 0 (v8_block); x, h, norm_w hold d floats, ys k*d, w
-        // k, q/qd d values with d % 32 == 0, mix (v8 only, null when not
-        // given) d floats (checked above); one block.
-        return unsafe {
-            if name == "moe_combine_norm_v8" {
-                gpu.launch(
-                    name,
-                    cfg((1, 1), block),
-                    &[
-                        &p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4], &wp, &n.eps, &hp, &qp, &qdp,
-                        &mixp,
-                    ],
-                )
-            } else {
-                gpu.launch(
-                    name,
-                    cfg((1, 1), block),
-                    &[
-                        &p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4], &wp, &n.eps, &hp, &qp, &qdp,
-                    ],
-                )
-            }
-        };
+        // eps, h, q, qd), moe_combine_norm_v8 the same plus mix, with 8 *
+        // block >= d and d % 8 == 0 (v8_block); x, h, norm_w hold d floats,
+        // ys k*d, w k, q/qd d values with d % 32 == 0, mix (null when not
+        // given; only the v8 kernel, checked above) d floats; one block.
+        return unsafe { gpu.launch(name, cfg((1, 1), block), &args) };
     }
     // SAFETY: moe_combine(x, ys, w, k, d, sh, sh_logit); sizes checked above.
     unsafe {

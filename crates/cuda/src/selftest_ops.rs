@@ -9,7 +9,7 @@ use crate::gemv::{DeviceMatrix, Q8Vec};
 use crate::ops::{self, f16_round, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
 use crate::reference::{self as r, GdnShape, GdnStepInputs};
 use crate::selftest::{compare, fold, Worst};
-use crate::testdata::{random_vec, Rng};
+use crate::testdata::{random_vec, reference_gemv, Rng};
 use cudarc::driver::CudaSlice;
 use redlite_gguf::GgmlType;
 
@@ -558,16 +558,8 @@ fn router_gemv(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
         for _ in 0..3 {
             let mat = random_vec(rows * cols, rng);
             let x = random_vec(cols, rng);
-            let want: Vec<f64> = (0..rows)
-                .map(|r| {
-                    mat[r * cols..(r + 1) * cols]
-                        .iter()
-                        .zip(&x)
-                        .map(|(&a, &b)| a as f64 * b as f64)
-                        .sum()
-                })
-                .collect();
             let bytes: Vec<u8> = mat.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let want = reference_gemv(GgmlType::F32, &bytes, rows, cols, &x);
             let m = DeviceMatrix::upload(gpu, GgmlType::F32, rows, cols, &bytes)?;
             let (xd, ld) = (up(gpu, &x)?, nan(gpu, rows)?);
             let counter = gpu.stream.alloc_zeros::<u32>(1)?;
@@ -606,7 +598,7 @@ fn router_gemv(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             // int8 form and the residual exactly as rms_norm (with the
             // residual add) makes them, except that the residual stays.
             if ops::router_in_norm_fits(cols, n) {
-                ok &= router_in_norm_case(gpu, rng, &m, route, &counter, &mut w)?;
+                ok &= router_in_norm_case(gpu, rng, (&m, &bytes), route, &counter, &mut w)?;
             }
             if !ok {
                 fold(&mut w, (0.0, 0.0, false));
@@ -619,11 +611,11 @@ fn router_gemv(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
 /// One `router_gemv_topk` launch with its input's RMSNorm fused: whether
 /// h, its int8 form and the choice match rms_norm + router_topk bit for
 /// bit and the residual is untouched; the logits against an f64 GEMV of
-/// that h go into `w`.
+/// that h go into `w`. `m`: the router matrix and its GGUF bytes.
 fn router_in_norm_case(
     gpu: &Gpu,
     rng: &mut Rng,
-    m: &DeviceMatrix,
+    (m, bytes): (&DeviceMatrix, &[u8]),
     route: ops::Route,
     counter: &CudaSlice<u32>,
     w: &mut Worst,
@@ -665,23 +657,7 @@ fn router_in_norm_case(
         && gpu.stream.clone_dtoh(&q8.q)? == gpu.stream.clone_dtoh(&q8r.q)?
         && same_bits(&down(gpu, &q8.d)?, &down(gpu, &q8r.d)?)
         && same_bits(&down(gpu, &rd)?, &resid);
-    let mat = {
-        let bytes = gpu.stream.clone_dtoh(&m.buf)?;
-        let v: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        v
-    };
-    let want: Vec<f64> = (0..m.rows)
-        .map(|r| {
-            mat[r * d..(r + 1) * d]
-                .iter()
-                .zip(&h)
-                .map(|(&a, &b)| a as f64 * b as f64)
-                .sum()
-        })
-        .collect();
+    let want = reference_gemv(GgmlType::F32, bytes, m.rows, d, &h);
     let logits = down(gpu, &ld)?;
     fold(w, compare(&logits, &want));
     let chosen = r::route(&logits[..route.n], k, route.norm);
