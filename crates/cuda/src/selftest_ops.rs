@@ -717,42 +717,34 @@ fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
                 up(gpu, &sh)?,
                 up(gpu, &sl)?,
             );
-            ops::moe_combine(
-                gpu,
-                &xd,
-                &yd,
-                &wd,
-                k,
-                d,
-                shared.then_some(&shd),
-                shared.then_some((&sld, 0)),
-                None,
-                None,
-            )?;
+            let combine = |xd, norm, mix| {
+                ops::moe_combine(
+                    gpu,
+                    xd,
+                    &yd,
+                    &wd,
+                    k,
+                    d,
+                    shared.then_some(&shd),
+                    shared.then_some((&sld, 0)),
+                    norm,
+                    mix,
+                )
+            };
+            combine(&xd, None, None)?;
             fold(&mut w, compare(&down(gpu, &xd)?, &want));
             // The same with the next RMSNorm fused (and its int8 output).
             let xd = up(gpu, &x)?;
             let nw = scaled(d, 0.5, 1.5, rng);
             let (nwd, hd) = (up(gpu, &nw)?, nan(gpu, d)?);
             let q8 = Q8Vec::new(gpu, d)?;
-            let norm = ops::NextNorm {
+            let next_norm = |h, q| ops::NextNorm {
                 w: &nwd,
                 eps: 1e-6,
-                h: &hd,
-                q8: Some(&q8),
+                h,
+                q8: Some(q),
             };
-            ops::moe_combine(
-                gpu,
-                &xd,
-                &yd,
-                &wd,
-                k,
-                d,
-                shared.then_some(&shd),
-                shared.then_some((&sld, 0)),
-                Some(norm),
-                None,
-            )?;
+            combine(&xd, Some(next_norm(&hd, &q8)), None)?;
             let xn: Vec<f32> = want.iter().map(|&v| v as f32).collect();
             let (_, want_h) = r::rms_norm(&xn, None, &nw, d, 1e-6, false);
             fold(&mut w, compare(&down(gpu, &xd)?, &want));
@@ -767,29 +759,9 @@ fn elementwise(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Worst> {
                 let xm: Vec<f32> = x.iter().zip(&mix).map(|(a, b)| a + b).collect();
                 let (xd2, mixd, hd2) = (up(gpu, &x)?, up(gpu, &mix)?, nan(gpu, d)?);
                 let q82 = Q8Vec::new(gpu, d)?;
-                let run = |xd: &CudaSlice<f32>, hd: &CudaSlice<f32>, q: &Q8Vec, mix| {
-                    let norm = ops::NextNorm {
-                        w: &nwd,
-                        eps: 1e-6,
-                        h: hd,
-                        q8: Some(q),
-                    };
-                    ops::moe_combine(
-                        gpu,
-                        xd,
-                        &yd,
-                        &wd,
-                        k,
-                        d,
-                        shared.then_some(&shd),
-                        shared.then_some((&sld, 0)),
-                        Some(norm),
-                        mix,
-                    )
-                };
-                run(&xd2, &hd2, &q82, Some(&mixd))?;
+                combine(&xd2, Some(next_norm(&hd2, &q82)), Some(&mixd))?;
                 let (xd3, hd3, q83) = (up(gpu, &xm)?, nan(gpu, d)?, Q8Vec::new(gpu, d)?);
-                run(&xd3, &hd3, &q83, None)?;
+                combine(&xd3, Some(next_norm(&hd3, &q83)), None)?;
                 let same = same_bits(&down(gpu, &xd2)?, &down(gpu, &xd3)?)
                     && same_bits(&down(gpu, &hd2)?, &down(gpu, &hd3)?)
                     && gpu.stream.clone_dtoh(&q82.q)? == gpu.stream.clone_dtoh(&q83.q)?;
