@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use redlite_engine::Engine;
 use redlite_gguf::GgufFile;
 use redlite_model::sample::{Sampler, SamplerConfig};
 use redlite_model::{LoadOptions, Logits, Model};
@@ -87,25 +88,8 @@ pub struct GenerateArgs {
     /// Run the float reference path instead of the fast path.
     #[arg(long)]
     pub reference: bool,
-    /// Where to run: cpu, or cuda (builds with `--features cuda`: one CUDA
-    /// graph per token; the prompt runs token by token).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
-    pub device: String,
-    /// With --device cuda: f32 activations everywhere (the CPU reference
-    /// path's math) instead of int8 activations for the int8 kernels.
-    #[arg(long)]
-    pub f32_activations: bool,
-    /// With --device cuda: element type of the KV cache (f16 halves the
-    /// bytes the decode attention reads; default f16 with int8
-    /// activations, f32 with --f32-activations).
-    #[arg(long, value_parser = ["f16", "f32"])]
-    pub kv_type: Option<String>,
-    /// With --device cuda: plain kernel launches instead of programmatic
-    /// dependent launch (PDL, the default: each kernel starts while the
-    /// previous one finishes and prefetches its weights into L2;
-    /// docs/cuda.md).
-    #[arg(long)]
-    pub no_pdl: bool,
+    #[command(flatten)]
+    pub dev: redlite_engine::DeviceArgs,
     /// Write the logits of every prompt position and every generated token as little-endian f32 (rows of n_vocab).
     #[arg(long)]
     pub dump_logits: Option<PathBuf>,
@@ -138,11 +122,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let path = &args.model;
     let file = Arc::new(memory::open_model(
         path,
-        args.mmap || args.device == "cuda",
+        args.mmap || args.dev.offloads_weights(),
         args.no_mmap,
         &args.mem,
     )?);
-    let mut model = Model::load(
+    let model = Model::load(
         file.clone(),
         LoadOptions {
             threads: args.threads,
@@ -173,9 +157,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         },
         memory::weights_residency(&file),
     );
-    if args.device == "cpu" {
-        crate::residency::apply(&mut model, &args.mem, ctx)?;
-    }
+    crate::residency::check_in_memory(&model, &args.mem)?;
+    let mut engine = Engine::open(model, &args.dev.options(), &args.mem.request(ctx, 1))
+        .with_context(|| format!("opening {} on {:?}", path.display(), args.dev.device))?;
+    eprintln!("redlite: {}", engine.plan_line());
 
     let tokenizer = Tokenizer::from_gguf(file.metadata());
     let prompt: Vec<u32> = if let Some(ids) = &args.prompt_ids {
@@ -215,8 +200,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             args.n_predict
         );
     }
-    if !args.no_warmup {
-        warm_pages(&model);
+    if !args.no_warmup && engine.reads_host_weights() {
+        warm_pages(engine.model());
     }
 
     let seed = args.seed.unwrap_or_else(|| {
@@ -234,15 +219,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         seed,
     });
 
-    let mut session = Runner::new(
-        &args.device,
-        &model,
-        ctx,
-        args.f32_activations,
-        args.kv_type.as_deref(),
-        !args.no_pdl,
-        &args.mem,
-    )?;
+    let mut session = engine.open_sequence(ctx)?;
+    eprintln!("redlite: {}", engine.describe());
+    let model = engine.model().clone();
     if args.dump_trace.is_some() {
         session.enable_trace()?;
     }
@@ -259,7 +238,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Logits::Last
     };
     let t0 = Instant::now();
-    let mut logits = session.forward(&model, &prompt, want)?;
+    let mut logits = session.prefill(&prompt, want)?;
     let prompt_secs = t0.elapsed().as_secs_f64();
     if let Some(w) = logit_dump.as_mut() {
         write_f32(w, &logits)?;
@@ -295,7 +274,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         if i + 1 == args.n_predict {
             break;
         }
-        logits = session.forward(&model, &[next], Logits::Last)?;
+        logits = session.decode(next)?;
         if let Some(w) = logit_dump.as_mut() {
             write_f32(w, &logits)?;
         }
@@ -319,6 +298,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             "redlite: {}",
             crate::residency::stats_line(&c.stats(), prompt.len() + generated.len())
         );
+    } else if let Some(c) = session.cache_counters()? {
+        eprintln!("redlite: {}", crate::residency::counters_line(&c));
     }
     eprintln!(
         "redlite: prompt {} tokens in {:.2} s ({:.1} tok/s) | decode {} tokens in {:.2} s ({:.1} tok/s)",
@@ -365,91 +346,4 @@ pub fn tokenize(model: &PathBuf, text: &str, no_special: bool) -> Result<Vec<u32
     let tok = Tokenizer::from_gguf(file.metadata())
         .with_context(|| format!("tokenizer of {}", model.display()))?;
     Ok(tok.encode(text, !no_special))
-}
-
-/// Where the forward passes run.
-enum Runner {
-    Cpu(redlite_model::Session),
-    #[cfg(feature = "cuda")]
-    Cuda(Box<redlite_cuda::decoder::CudaDecoder>),
-}
-
-impl Runner {
-    fn new(
-        device: &str,
-        model: &Model,
-        ctx: usize,
-        f32_act: bool,
-        kv_type: Option<&str>,
-        pdl: bool,
-        mem: &crate::residency::MemoryArgs,
-    ) -> Result<Self> {
-        let _ = (f32_act, kv_type, pdl, mem);
-        match device {
-            #[cfg(feature = "cuda")]
-            "cuda" => {
-                let mut gpu = redlite_cuda::Gpu::new(0)?;
-                gpu.pdl = pdl;
-                let kv = crate::cudabench::kv_type(kv_type, !f32_act);
-                let (cache, line) = crate::cudabench::device_plan(&gpu, model, mem, ctx, kv)?;
-                eprintln!("redlite: {line}");
-                let dec = redlite_cuda::decoder::CudaDecoder::new(
-                    gpu,
-                    model,
-                    &redlite_cuda::decoder::DecoderOptions {
-                        ctx,
-                        nsplit: None,
-                        int8: !f32_act,
-                        kv_type: kv,
-                        expert_cache: cache,
-                    },
-                )?;
-                eprintln!(
-                    "redlite: cuda: {}, {:.1} GiB on the device{}",
-                    dec.gpu().name,
-                    dec.device_bytes as f64 / (1u64 << 30) as f64,
-                    if pdl { ", PDL launches" } else { "" }
-                );
-                Ok(Runner::Cuda(Box::new(dec)))
-            }
-            "cpu" => Ok(Runner::Cpu(model.new_session(ctx))),
-            other => bail!("--device {other}: this redlite was built without it"),
-        }
-    }
-
-    fn enable_trace(&mut self) -> Result<()> {
-        match self {
-            Runner::Cpu(s) => s.enable_trace(),
-            #[cfg(feature = "cuda")]
-            Runner::Cuda(_) => bail!("--dump-trace runs on the CPU only"),
-        }
-        Ok(())
-    }
-
-    fn take_trace(&mut self) -> Vec<redlite_model::trace::TraceRecord> {
-        match self {
-            Runner::Cpu(s) => s.trace.take(),
-            #[cfg(feature = "cuda")]
-            Runner::Cuda(_) => Vec::new(),
-        }
-    }
-
-    fn forward(&mut self, model: &Model, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
-        match self {
-            Runner::Cpu(s) => Ok(s.forward(model, tokens, want)?),
-            #[cfg(feature = "cuda")]
-            Runner::Cuda(d) => {
-                let mut all = Vec::new();
-                for &t in tokens {
-                    let l = d.step(model, t)?;
-                    if want == Logits::All || all.is_empty() {
-                        all.extend(l);
-                    } else {
-                        all = l;
-                    }
-                }
-                Ok(all)
-            }
-        }
-    }
 }

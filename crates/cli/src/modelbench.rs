@@ -18,8 +18,9 @@
 
 use crate::memory;
 use anyhow::{bail, Context, Result};
+use redlite_engine::{CacheCounters, Engine, Sequence};
 use redlite_gguf::{GgmlType, GgufFile};
-use redlite_model::{LoadOptions, Logits, Model, Session};
+use redlite_model::{LoadOptions, Logits, Model};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -104,32 +105,29 @@ pub struct ModelBenchArgs {
     pub dump_routes: Option<PathBuf>,
     #[command(flatten)]
     pub mem: crate::residency::MemoryArgs,
-    /// Where to run: cpu, or cuda (builds with `--features cuda`; decode
-    /// only: one token per CUDA graph replay, prompts run token by token,
-    /// and a depth is set as a position without computing the tokens before
-    /// it: the KV rows there are zeros, the timing is that of the depth).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
-    pub device: String,
-    /// With --device cuda: f32 activations everywhere instead of int8
-    /// activations for the formats with int8 kernels.
-    #[arg(long)]
-    pub f32_activations: bool,
-    /// With --device cuda: element type of the KV cache (f16 halves the
-    /// bytes the decode attention reads; default f16 with int8
-    /// activations, f32 with --f32-activations).
-    #[arg(long, value_parser = ["f16", "f32"])]
-    pub kv_type: Option<String>,
-    /// With --device cuda: after the tests, where one decode token's GPU
-    /// time goes, per kernel class (timing events recorded between the
-    /// classes inside a copy of the token's graph), at each tested depth.
+    #[command(flatten)]
+    pub dev: redlite_engine::DeviceArgs,
+    /// How a decode test's depth is reached: compute (prefill the depth
+    /// with random ids, untimed; checkpointed once and restored for every
+    /// run), or skip (set the position without computing the tokens before
+    /// it: the KV rows there are whatever the cache holds; the timing is
+    /// that of the depth; on backends that can, i.e. the GPU, whose
+    /// prompts still run token by token).
+    #[arg(long, value_enum, default_value_t = DepthFill::Compute)]
+    pub depth_fill: DepthFill,
+    /// After the tests, where one decode token's time goes per kernel
+    /// class, at each tested depth (backends that can say: the GPU, with
+    /// timing events between the classes inside a copy of the token's
+    /// graph).
     #[arg(long)]
     pub profile: bool,
-    /// With --device cuda: plain kernel launches instead of programmatic
-    /// dependent launch (PDL, the default: each kernel starts while the
-    /// previous one finishes and prefetches its weights into L2;
-    /// docs/cuda.md).
-    #[arg(long)]
-    pub no_pdl: bool,
+}
+
+/// `--depth-fill`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DepthFill {
+    Compute,
+    Skip,
 }
 
 /// One test's result.
@@ -322,61 +320,66 @@ fn advise(file: &GgufFile, advice: &str) -> Result<()> {
     Ok(())
 }
 
-/// Fill a fresh session with `depth` random ids in batches, with progress on
-/// stderr (not timed as part of any test).
-fn fill(model: &Model, ctx: usize, depth: usize, rng: &mut Rng) -> Result<Session> {
-    let mut s = model.new_session(ctx);
+/// Bring `seq` to `depth`: reset, then prefill `depth` random ids in
+/// batches with progress on stderr (compute), or set the position (skip).
+fn fill(
+    seq: &mut dyn Sequence,
+    ubatch: usize,
+    n_vocab: usize,
+    depth: usize,
+    how: DepthFill,
+    rng: &mut Rng,
+) -> Result<()> {
+    seq.reset()?;
     if depth == 0 {
-        return Ok(s);
+        return Ok(());
     }
-    let ids = rng.tokens(depth, model.n_vocab());
+    if how == DepthFill::Skip {
+        seq.skip_to(depth)
+            .context("--depth-fill skip on this backend")?;
+        return Ok(());
+    }
+    let ids = rng.tokens(depth, n_vocab);
     let t0 = Instant::now();
     let mut last = Instant::now();
-    for chunk in ids.chunks(model.ubatch()) {
-        s.forward(model, chunk, Logits::Last)?;
-        if last.elapsed() > Duration::from_secs(5) || s.pos() == depth {
+    for chunk in ids.chunks(ubatch.max(1)) {
+        seq.prefill(chunk, Logits::Last)?;
+        if last.elapsed() > Duration::from_secs(5) || seq.pos() == depth {
             let secs = t0.elapsed().as_secs_f64();
-            let rate = s.pos() as f64 / secs.max(1e-9);
+            let rate = seq.pos() as f64 / secs.max(1e-9);
             eprintln!(
                 "redlite bench: fill d{depth}: {}/{depth} tokens, {secs:.0} s, {rate:.1} tok/s, eta {:.0} s",
-                s.pos(),
-                (depth - s.pos()) as f64 / rate.max(1e-9),
+                seq.pos(),
+                (depth - seq.pos()) as f64 / rate.max(1e-9),
             );
             last = Instant::now();
         }
     }
-    Ok(s)
+    Ok(())
 }
 
-/// Time `n` single-token steps on `s` (random ids). Steps slower than a
+/// Time `n` single-token steps on `seq` (random ids). Steps slower than a
 /// second are reported on stderr one by one (`LABEL step i/n: S s`), so a
 /// run stopped from outside still shows how far it got.
 fn decode(
-    model: &Model,
-    s: &mut Session,
+    seq: &mut dyn Sequence,
+    n_vocab: usize,
     n: usize,
     rng: &mut Rng,
     label: &str,
     mut routes: Option<&mut dyn std::io::Write>,
 ) -> Result<f64> {
-    let ids = rng.tokens(n, model.n_vocab());
+    let ids = rng.tokens(n, n_vocab);
     let t0 = Instant::now();
     let mut spent = 0f64;
     for (i, &id) in ids.iter().enumerate() {
         let ts = Instant::now();
-        let l = s.forward(model, &[id], Logits::Last)?;
+        let l = seq.decode(id)?;
         std::hint::black_box(l);
         let step = ts.elapsed().as_secs_f64();
         if let Some(w) = routes.as_mut() {
             let t = Instant::now();
-            let layers: Vec<Vec<u32>> = s
-                .last_routes()
-                .iter()
-                .map(|l| {
-                    l.first()
-                        .map_or(Vec::new(), |r| r.iter().map(|&(e, _)| e as u32).collect())
-                })
-                .collect();
+            let layers = seq.last_routes()?;
             writeln!(
                 w,
                 "{}",
@@ -391,15 +394,63 @@ fn decode(
     Ok(t0.elapsed().as_secs_f64() - spent)
 }
 
-/// Time one prompt of `p` ids on a fresh session.
-fn prompt(model: &Model, p: usize, rng: &mut Rng) -> Result<f64> {
-    let ids = rng.tokens(p, model.n_vocab());
-    let mut s = model.new_session(p);
+/// Time one prompt of `p` ids from position 0.
+fn prompt(seq: &mut dyn Sequence, n_vocab: usize, p: usize, rng: &mut Rng) -> Result<f64> {
+    let ids = rng.tokens(p, n_vocab);
+    seq.reset()?;
     let t0 = Instant::now();
-    let l = s.forward(model, &ids, Logits::Last)?;
+    let l = seq.prefill(&ids, Logits::Last)?;
     let secs = t0.elapsed().as_secs_f64();
     std::hint::black_box(l);
     Ok(secs)
+}
+
+/// The counters' change over one run, in words (a device cache).
+fn cache_delta(
+    before: Option<CacheCounters>,
+    after: Option<CacheCounters>,
+    tokens: usize,
+) -> String {
+    match (before, after) {
+        (Some(b), Some(a)) => {
+            let (hits, misses) = (a.hits - b.hits, a.misses - b.misses);
+            format!(
+                " | cache: {:.1}% hits ({hits} hits, {misses} misses), prefetched {} ({} used), {:.1} MiB/token copied",
+                100.0 * hits as f64 / (hits + misses).max(1) as f64,
+                a.prefetched - b.prefetched,
+                a.prefetch_used - b.prefetch_used,
+                (a.bytes_moved - b.bytes_moved) as f64 / tokens.max(1) as f64 / (1u64 << 20) as f64
+            )
+        }
+        _ => String::new(),
+    }
+}
+
+/// The profile as a markdown table (stdout).
+fn print_profile(p: &redlite_model::TokenProfile, depth: usize) {
+    println!();
+    println!(
+        "where one decode token's time goes, depth {depth}: {:.1} µs with the profiling events, {:.1} µs without ({:.1} tok/s)",
+        p.total_us,
+        p.plain_us,
+        1e6 / p.plain_us.max(1e-9)
+    );
+    println!();
+    println!("| kernel class | µs per token | share | kernels per token | µs per kernel |");
+    println!("|---|---:|---:|---:|---:|");
+    let sum: f64 = p.rows.iter().map(|r| r.1).sum();
+    let kernels: usize = p.rows.iter().map(|r| r.2).sum();
+    for (label, us, k) in &p.rows {
+        println!(
+            "| {label} | {us:.1} | {:.1}% | {k} | {:.2} |",
+            100.0 * us / sum.max(1e-9),
+            us / (*k).max(1) as f64
+        );
+    }
+    println!(
+        "| all | {sum:.1} | 100% | {kernels} | {:.2} |",
+        sum / kernels.max(1) as f64
+    );
 }
 
 pub fn run(args: ModelBenchArgs) -> Result<()> {
@@ -408,7 +459,7 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
         path,
         // On the GPU the weights are copied to the device (or to pinned
         // host memory): a second copy in anonymous memory would only cost.
-        args.mmap || args.mmap_advice.is_some() || args.device == "cuda",
+        args.mmap || args.mmap_advice.is_some() || args.dev.offloads_weights(),
         args.no_mmap,
         &args.mem,
     )?);
@@ -416,7 +467,7 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
         "redlite bench: weights {}",
         crate::memory::weights_residency(&file)
     );
-    let mut model = Model::load(
+    let model = Model::load(
         file.clone(),
         LoadOptions {
             threads: args.threads,
@@ -451,19 +502,23 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
         .map(|&(p, n, d)| p.max(d + n + 1))
         .max()
         .unwrap_or(1);
-    // On the GPU the device plan (made once the device is open) replaces
-    // the host one (assigned again only in builds with the cuda feature).
-    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-    let mut mem_plan = if args.device == "cuda" {
-        String::new()
-    } else {
-        crate::residency::apply(&mut model, &args.mem, ctx)?.to_string()
-    };
-    let model = model;
+    // A computed depth is checkpointed once and restored for every run:
+    // two states at once.
+    let checkpointed = args.depth_fill == DepthFill::Compute && tests.iter().any(|t| t.2 > 0);
+    crate::residency::check_in_memory(&model, &args.mem)?;
+    let mut engine = Engine::open(
+        model,
+        &args.dev.options(),
+        &args.mem.request(ctx, 1 + checkpointed as usize),
+    )?;
+    let mem_plan = engine.plan_line().to_string();
+    eprintln!("redlite bench: {mem_plan}");
+    let model = engine.model().clone();
+    let n_vocab = model.n_vocab();
     if let Some(a) = &args.mmap_advice {
         advise(&file, a)?;
     }
-    if !args.no_warmup && args.device == "cpu" {
+    if !args.no_warmup && engine.reads_host_weights() {
         if model.expert_cache().is_some() {
             // Bounded experts: read the dense weights only.
             let t0 = Instant::now();
@@ -483,6 +538,13 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
             );
         }
     }
+    let t0 = Instant::now();
+    let mut seq = engine.open_sequence(ctx)?;
+    eprintln!(
+        "redlite bench: {} | ready in {:.1} s",
+        engine.describe(),
+        t0.elapsed().as_secs_f64()
+    );
     let mut route_file = match &args.dump_routes {
         Some(p) => Some(std::io::BufWriter::new(
             std::fs::OpenOptions::new()
@@ -498,19 +560,10 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
     let reps = args.repetitions.max(1);
     let mut rng = Rng(args.seed);
     let mut results = Vec::new();
-    let backend = if args.device == "cuda" { "CUDA" } else { "CPU" };
-    if args.device == "cuda" {
-        #[cfg(feature = "cuda")]
-        {
-            (results, mem_plan) =
-                crate::cudabench::results(&args, &model, &tests, reps, args.seed)?;
-        }
-        #[cfg(not(feature = "cuda"))]
-        bail!("--device cuda: this redlite was built without the cuda feature");
-    }
-    // Depth fills are done once per depth and cloned for every run.
-    let mut filled: Option<(usize, Session)> = None;
-    for &(p, n, d) in tests.iter().filter(|_| args.device == "cpu") {
+    let backend = engine.device().name().to_uppercase();
+    // The filled depth, and its checkpoint when it was computed.
+    let mut filled: Option<(usize, Option<redlite_engine::Checkpoint>)> = None;
+    for &(p, n, d) in &tests {
         let mut r = TestResult {
             n_prompt: p,
             n_gen: n,
@@ -518,19 +571,22 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
             secs: Vec::with_capacity(reps),
         };
         if p > 0 {
+            filled = None;
             if !args.no_warmup {
-                prompt(&model, p, &mut rng)?;
+                prompt(&mut *seq, n_vocab, p, &mut rng)?;
             }
             for i in 0..reps {
                 if let Some(c) = model.expert_cache() {
                     c.reset_stats();
                 }
-                let s = prompt(&model, p, &mut rng)?;
+                let before = seq.cache_counters()?;
+                let s = prompt(&mut *seq, n_vocab, p, &mut rng)?;
                 eprintln!(
-                    "redlite bench: {} run {}/{reps}: {:.2} tok/s",
+                    "redlite bench: {} run {}/{reps}: {:.2} tok/s{}",
                     r.name(),
                     i + 1,
-                    p as f64 / s
+                    p as f64 / s,
+                    cache_delta(before, seq.cache_counters()?, p)
                 );
                 if let Some(c) = model.expert_cache() {
                     // A batch reads each layer's experts for all its tokens:
@@ -542,30 +598,51 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
                 r.secs.push(s);
             }
         } else {
-            let need = d + n + 1;
-            let reuse = matches!(&filled, Some((fd, s)) if *fd == d && s.ctx_len() >= need);
-            if !reuse {
-                drop(filled.take()); // free the previous depth's caches first
-                let max_n = args.n_gen.iter().copied().max().unwrap_or(n);
-                filled = Some((d, fill(&model, d + max_n + 1, d, &mut rng)?));
+            if filled.as_ref().is_none_or(|(fd, _)| *fd != d) {
+                drop(filled.take()); // free the previous depth's checkpoint first
+                fill(
+                    &mut *seq,
+                    model.ubatch(),
+                    n_vocab,
+                    d,
+                    args.depth_fill,
+                    &mut rng,
+                )?;
+                let cp = match args.depth_fill {
+                    DepthFill::Compute => Some(seq.checkpoint()?),
+                    DepthFill::Skip => None,
+                };
+                filled = Some((d, cp));
             }
-            let base = &filled.as_ref().expect("filled above").1;
+            let cp = filled.as_ref().and_then(|f| f.1.as_ref());
+            let back_to_depth = |seq: &mut dyn Sequence| -> Result<()> {
+                match cp {
+                    Some(cp) => seq.restore(cp)?,
+                    None => {
+                        seq.reset()?;
+                        seq.skip_to(d)?;
+                    }
+                }
+                Ok(())
+            };
             if !args.no_warmup {
-                let mut s = base.clone();
-                decode(&model, &mut s, 1, &mut rng, "warm-up", None)?;
+                back_to_depth(&mut *seq)?;
+                decode(&mut *seq, n_vocab, 1, &mut rng, "warm-up", None)?;
             }
             for i in 0..reps {
-                let mut s = base.clone();
+                back_to_depth(&mut *seq)?;
                 if let Some(c) = model.expert_cache() {
                     c.reset_stats();
                 }
+                let before = seq.cache_counters()?;
                 let w = route_file.as_mut().map(|w| w as &mut dyn std::io::Write);
-                let secs = decode(&model, &mut s, n, &mut rng, "decode", w)?;
+                let secs = decode(&mut *seq, n_vocab, n, &mut rng, "decode", w)?;
                 eprintln!(
-                    "redlite bench: {} run {}/{reps}: {:.3} tok/s",
+                    "redlite bench: {} run {}/{reps}: {:.3} tok/s{}",
                     r.name(),
                     i + 1,
-                    n as f64 / secs
+                    n as f64 / secs,
+                    cache_delta(before, seq.cache_counters()?, n)
                 );
                 if let Some(c) = model.expert_cache() {
                     let st = c.stats();
@@ -578,6 +655,23 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
         results.push(r);
     }
     drop(filled);
+    if args.profile {
+        let mut depths: Vec<usize> = tests.iter().map(|t| t.2).collect();
+        depths.dedup();
+        for d in depths {
+            fill(
+                &mut *seq,
+                model.ubatch(),
+                n_vocab,
+                d,
+                args.depth_fill,
+                &mut rng,
+            )?;
+            let token = rng.tokens(1, n_vocab)[0];
+            let p = seq.profile(token, reps.max(3) * 10)?;
+            print_profile(&p, d);
+        }
+    }
 
     let json = args.json || args.output == "json";
     if json {
@@ -677,10 +771,13 @@ mod tests {
     }
 
     #[test]
-    fn kv_type_flag() {
-        assert_eq!(parse("-m f").kv_type, None);
-        let a = parse("-m f --device cuda --kv-type f32");
-        assert_eq!(a.kv_type.as_deref(), Some("f32"));
+    fn device_flags() {
+        use redlite_engine::{Device, KvType};
+        let o = parse("-m f").dev.options();
+        assert_eq!((o.device, o.kv_type), (Device::Cpu, None));
+        let a = parse("-m f --device cuda --kv-type f32 --depth-fill skip");
+        assert_eq!(a.dev.options().kv_type, Some(KvType::F32));
+        assert_eq!(a.depth_fill, DepthFill::Skip);
         let bad = Cli::try_parse_from(["x", "-m", "f", "--kv-type", "q8_0"]);
         assert!(bad.is_err());
     }

@@ -3,8 +3,8 @@
 
 use crate::memory;
 use anyhow::Result;
-use redlite_model::expertcache::{parse_size, CacheStats, ExpertCache, Plan, PolicyKind};
-use redlite_model::{ExpertCacheOptions, MemoryRequest, Model};
+use redlite_model::expertcache::{parse_size, CacheStats, PolicyKind};
+use redlite_model::{CacheCounters, ExpertCacheOptions, MemoryRequest, Model};
 
 fn size(s: &str) -> Result<u64, String> {
     parse_size(s)
@@ -34,22 +34,13 @@ pub struct MemoryArgs {
     /// uses; 0: off).
     #[arg(long)]
     pub pregate: Option<usize>,
-    /// With --device cuda and a bounded expert cache: where misses are
-    /// copied from. pinned: every expert in page-locked host memory (fast;
-    /// needs RAM for all experts); file: read from the model file by the
-    /// host (through the page cache) when RAM cannot hold them; auto:
-    /// pinned when the experts fit in the available RAM.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "pinned", "file"])]
-    pub expert_source: String,
 }
 
-/// Plan the run's memory for `ctx` positions; print the plan line; install
-/// the expert cache when the plan has one. Fails, with the numbers, before
-/// any weight is read when the configuration cannot fit.
-pub fn apply(model: &mut Model, args: &MemoryArgs, ctx: usize) -> Result<Plan> {
+/// `--no-mmap` read the whole file into anonymous memory: a bounded
+/// expert cache or a smaller budget cannot undo that, so such a request is
+/// refused before the plan.
+pub fn check_in_memory(model: &Model, args: &MemoryArgs) -> Result<()> {
     if model.file().is_in_memory() {
-        // The whole file is already in anonymous memory: a cache of its
-        // experts would only add to it.
         let size = model.file().file_size();
         if args.expert_cache.is_some() || args.memory.is_some_and(|m| m < size) {
             anyhow::bail!(
@@ -58,12 +49,20 @@ pub fn apply(model: &mut Model, args: &MemoryArgs, ctx: usize) -> Result<Plan> {
             );
         }
     }
-    let p = model.plan_memory(&args.request(ctx, 1))?;
-    eprintln!("redlite: {p}");
-    if let Some(c) = model.expert_cache() {
-        eprintln!("redlite: {}, pre-gating {}", cache_line(c), model.pregate());
-    }
-    Ok(p)
+    Ok(())
+}
+
+/// One line of a backend's expert cache counters (a device cache).
+pub fn counters_line(c: &CacheCounters) -> String {
+    format!(
+        "expert cache: hit rate {:.1}% ({} hits, {} misses), prefetched {} ({} used), {} copied",
+        100.0 * c.hits as f64 / (c.hits + c.misses).max(1) as f64,
+        c.hits,
+        c.misses,
+        c.prefetched,
+        c.prefetch_used,
+        memory::human(c.bytes_moved)
+    )
 }
 
 impl MemoryArgs {
@@ -83,15 +82,6 @@ impl MemoryArgs {
             },
         }
     }
-}
-
-/// How the cache runs, in words.
-pub fn cache_line(c: &ExpertCache) -> String {
-    format!(
-        "expert cache {} policy, {} I/O threads",
-        c.policy().name(),
-        c.io_threads()
-    )
 }
 
 /// One line of cache counters, per token where `tokens` > 0.

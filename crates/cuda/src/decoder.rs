@@ -1386,6 +1386,15 @@ impl ExpertCacheOptions {
     }
 }
 
+/// Borrowed state buffers of a [`CudaDecoder`] (see `state_buffers`).
+pub(crate) struct StateBuffers<'a> {
+    pub gpu: &'a Gpu,
+    pub ctx: usize,
+    pub pos: &'a mut usize,
+    pub kv: Vec<&'a mut KvCache>,
+    pub gdn: Vec<(&'a mut CudaSlice<f32>, &'a mut CudaSlice<f32>)>,
+}
+
 /// One sequence decoded on the GPU, a token per graph replay.
 pub struct CudaDecoder {
     gpu: Gpu,
@@ -1712,6 +1721,11 @@ impl CudaDecoder {
         self.pos
     }
 
+    /// Positions the state holds.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
     /// Jump to position `pos` without running the tokens before it (the
     /// caches keep whatever they hold): for timing decode at a depth.
     pub fn set_pos(&mut self, pos: usize) -> Result<()> {
@@ -1736,6 +1750,29 @@ impl CudaDecoder {
         self.gpu.sync()?;
         self.pos = 0;
         Ok(())
+    }
+
+    /// The sequence state's device buffers, in layer order: each attention
+    /// layer's KV cache (`ctx` rows) and each DeltaNet layer's conv window
+    /// and recurrent state. For checkpoints (`crate::sequence`); the
+    /// graph keeps reading these same buffers.
+    pub(crate) fn state_buffers(&mut self) -> StateBuffers<'_> {
+        let mut kv = Vec::new();
+        let mut gdn = Vec::new();
+        for op in &mut self.ops {
+            match op {
+                Op::Attn(a) => kv.push(&mut a.kv),
+                Op::Gdn(g) => gdn.push((&mut g.ring, &mut g.state)),
+                _ => {}
+            }
+        }
+        StateBuffers {
+            gpu: &self.gpu,
+            ctx: self.ctx,
+            pos: &mut self.pos,
+            kv,
+            gdn,
+        }
     }
 
     /// The experts the last token chose, per MoE layer in layer order

@@ -50,6 +50,7 @@ pub mod parity;
 pub mod reference;
 pub mod selftest;
 pub mod selftest_ops;
+pub mod sequence;
 pub mod tables_cuh;
 pub mod testdata;
 

@@ -3,16 +3,19 @@
 //! streams its text back over its own channel; when the receiving side is
 //! gone (the client disconnected), the job stops before the next token.
 //!
-//! Prompt reuse: after each prompt and each generation the loop keeps a
-//! checkpoint (a clone of the session, the tokens it holds and the logits
-//! of its last position). A new prompt starts from the longest checkpoint
-//! that is a prefix of it. This works for recurrent (DeltaNet) states,
-//! which cannot be rewound, as well as for KV caches.
+//! The loop runs one [`Sequence`] of the engine API, so it is the same on
+//! every backend. Prompt reuse: after each prompt and each generation the
+//! loop keeps a checkpoint (the backend's snapshot of the whole state, in
+//! host memory on the CPU and device memory on a GPU, with the tokens it
+//! holds and the logits of its last position). A new prompt restores the
+//! longest checkpoint that is a prefix of it. This works for recurrent
+//! (DeltaNet) states, which cannot be rewound, as well as for KV caches.
 
 use crate::metrics::Metrics;
 use crate::stop::StopMatcher;
 use redlite_model::sample::{Sampler, SamplerConfig};
-use redlite_model::{Logits, Model, Session};
+use redlite_model::sequence::{Checkpoint as State, Sequence};
+use redlite_model::Logits;
 use redlite_tokenizer::Tokenizer;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -66,6 +69,9 @@ pub struct Job {
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub ctx: usize,
+    /// Prompt tokens per prefill call (a client that leaves is noticed
+    /// between calls).
+    pub ubatch: usize,
     /// Keep and reuse checkpoints.
     pub prompt_cache: bool,
     /// How many checkpoints to keep (oldest dropped first).
@@ -93,25 +99,41 @@ impl EngineHandle {
 
 struct Checkpoint {
     tokens: Vec<u32>,
-    session: Session,
+    state: State,
     logits: Vec<f32>,
     last_used: u64,
 }
 
-/// Start the engine thread with a loaded model; it runs until every
-/// [`EngineHandle`] is dropped.
+/// Makes the loop's sequence, on the engine thread (a GPU sequence stays
+/// on the thread that made it).
+pub type OpenSequence = Box<dyn FnOnce() -> Result<Box<dyn Sequence>, String> + Send + 'static>;
+
+/// Start the engine thread; it opens its sequence with `open` and runs
+/// until every [`EngineHandle`] is dropped. Fails when the sequence cannot
+/// be opened (the error names why).
 pub fn start(
-    model: Model,
+    open: OpenSequence,
     tokenizer: Arc<Tokenizer>,
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<EngineHandle> {
     let (tx, rx) = mpsc::channel::<Job>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let m = metrics.clone();
     std::thread::Builder::new()
         .name("redlite-engine".into())
         .spawn(move || {
-            let mut engine = Engine::new(model, tokenizer, cfg, m);
+            let seq = match open() {
+                Ok(s) => {
+                    let _ = ready_tx.send(Ok(()));
+                    s
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let mut engine = Engine::new(seq, tokenizer, cfg, m);
             for job in rx {
                 engine.metrics.queued.fetch_sub(1, Ordering::SeqCst);
                 engine.metrics.processing.store(1, Ordering::SeqCst);
@@ -120,35 +142,39 @@ pub fn start(
             }
             tracing::debug!("engine loop: all handles dropped, stopping");
         })?;
-    Ok(EngineHandle { tx, metrics })
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(EngineHandle { tx, metrics }),
+        Ok(Err(e)) => Err(std::io::Error::other(format!("opening the sequence: {e}"))),
+        Err(_) => Err(std::io::Error::other(
+            "the engine thread stopped while opening its sequence",
+        )),
+    }
 }
 
 struct Engine {
-    model: Model,
+    seq: Box<dyn Sequence>,
     tok: Arc<Tokenizer>,
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
     checkpoints: Vec<Checkpoint>,
     clock: u64,
-    /// Bytes of KV cache per position (all attention layers).
-    kv_bytes_per_token: u64,
-    /// Bytes of the fixed recurrent states of one session.
-    fixed_bytes: u64,
 }
 
 impl Engine {
-    fn new(model: Model, tok: Arc<Tokenizer>, cfg: EngineConfig, metrics: Arc<Metrics>) -> Engine {
-        let (kv_bytes_per_token, fixed_bytes) = model.state_bytes();
+    fn new(
+        seq: Box<dyn Sequence>,
+        tok: Arc<Tokenizer>,
+        cfg: EngineConfig,
+        metrics: Arc<Metrics>,
+    ) -> Engine {
         metrics.ctx.store(cfg.ctx as u64, Ordering::Relaxed);
         Engine {
-            model,
+            seq,
             tok,
             cfg,
             metrics,
             checkpoints: Vec::new(),
             clock: 0,
-            kv_bytes_per_token,
-            fixed_bytes,
         }
     }
 
@@ -166,15 +192,21 @@ impl Engine {
             .map(|(i, _)| i)
     }
 
-    fn save_checkpoint(&mut self, tokens: Vec<u32>, session: Session, logits: Vec<f32>) {
+    /// Keep the live sequence's state as holding `tokens`.
+    fn save_checkpoint(
+        &mut self,
+        tokens: Vec<u32>,
+        logits: Vec<f32>,
+    ) -> Result<(), redlite_model::ModelError> {
         if !self.cfg.prompt_cache || self.cfg.max_checkpoints == 0 || tokens.is_empty() {
-            return;
+            return Ok(());
         }
+        let state = self.seq.checkpoint()?;
         self.clock += 1;
         self.checkpoints.retain(|c| c.tokens != tokens);
         self.checkpoints.push(Checkpoint {
             tokens,
-            session,
+            state,
             logits,
             last_used: self.clock,
         });
@@ -189,6 +221,7 @@ impl Engine {
             self.checkpoints.remove(oldest);
         }
         self.publish_cache_metrics();
+        Ok(())
     }
 
     fn publish_cache_metrics(&self) {
@@ -196,11 +229,7 @@ impl Engine {
         let bytes = self
             .checkpoints
             .iter()
-            .map(|c| {
-                c.session.pos() as u64 * self.kv_bytes_per_token
-                    + self.fixed_bytes
-                    + c.logits.len() as u64 * 4
-            })
+            .map(|c| c.state.bytes() + c.logits.len() as u64 * 4)
             .sum();
         let m = &self.metrics;
         m.checkpoints
@@ -247,31 +276,35 @@ impl Engine {
     fn generate(&mut self, job: Job) -> Result<Option<Done>, redlite_model::ModelError> {
         let t0 = Instant::now();
         let prompt = &job.prompt;
-        let (mut session, cached, mut logits) = match self.best_checkpoint(prompt) {
+        let (cached, mut logits) = match self.best_checkpoint(prompt) {
             Some(i) => {
                 self.clock += 1;
                 let c = &mut self.checkpoints[i];
                 c.last_used = self.clock;
-                (c.session.clone(), c.tokens.len(), c.logits.clone())
+                self.seq.restore(&c.state)?;
+                (c.tokens.len(), c.logits.clone())
             }
-            None => (self.model.new_session(self.cfg.ctx), 0, Vec::new()),
+            None => {
+                self.seq.reset()?;
+                (0, Vec::new())
+            }
         };
         // Prefill what the checkpoint does not hold, in batches, so a
         // client that leaves stops a long prompt too.
         if cached < prompt.len() {
-            for chunk in prompt[cached..].chunks(self.model.ubatch().max(1)) {
+            for chunk in prompt[cached..].chunks(self.cfg.ubatch.max(1)) {
                 if job.events.is_closed() {
                     return Ok(None);
                 }
-                logits = session.forward(&self.model, chunk, Logits::Last)?;
+                logits = self.seq.prefill(chunk, Logits::Last)?;
             }
         }
         let prompt_secs = t0.elapsed().as_secs_f64();
         self.metrics
             .kv_tokens
-            .store(session.pos() as u64, Ordering::Relaxed);
+            .store(self.seq.pos() as u64, Ordering::Relaxed);
         if cached < prompt.len() {
-            self.save_checkpoint(prompt.clone(), session.clone(), logits.clone());
+            self.save_checkpoint(prompt.clone(), logits.clone())?;
         }
 
         let mut sampler = Sampler::new(job.sampler.clone());
@@ -307,13 +340,13 @@ impl Engine {
                 finish = Finish::Stop;
                 break;
             }
-            if i + 1 == job.max_tokens || session.pos() >= session.ctx_len() {
+            if i + 1 == job.max_tokens || self.seq.pos() >= self.seq.ctx_len() {
                 break;
             }
-            logits = session.forward(&self.model, &[next], Logits::Last)?;
+            logits = self.seq.decode(next)?;
             self.metrics
                 .kv_tokens
-                .store(session.pos() as u64, Ordering::Relaxed);
+                .store(self.seq.pos() as u64, Ordering::Relaxed);
         }
         if cancelled {
             return Ok(None);
@@ -328,10 +361,10 @@ impl Engine {
         let decode_secs = t1.elapsed().as_secs_f64();
         // The session now holds the prompt and every generated token that
         // was fed back (all but the last sampled one).
-        let fed = session.pos();
+        let fed = self.seq.pos();
         if fed > prompt.len() {
             let tokens = history[..fed].to_vec();
-            self.save_checkpoint(tokens, session, logits);
+            self.save_checkpoint(tokens, logits)?;
         }
         Ok(Some(Done {
             finish,

@@ -150,6 +150,8 @@ pub enum ServerError {
     },
     #[error("loading model: {0}")]
     Model(#[from] redlite_model::ModelError),
+    #[error("opening the engine: {0}")]
+    Engine(#[from] redlite_engine::EngineError),
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] redlite_tokenizer::TokenizerError),
     #[error("binding {addr}: {source}")]

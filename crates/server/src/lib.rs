@@ -87,6 +87,8 @@ pub struct ServeArgs {
     /// Size of the bounded expert cache (default: what the budget leaves).
     #[arg(long, value_parser = redlite_model::expertcache::parse_size)]
     pub expert_cache: Option<u64>,
+    #[command(flatten)]
+    pub dev: redlite_engine::DeviceArgs,
 }
 
 impl ServeArgs {
@@ -109,6 +111,7 @@ impl ServeArgs {
             no_warmup: false,
             memory: None,
             expert_cache: None,
+            dev: Default::default(),
         }
     }
 }
@@ -130,7 +133,7 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             None
         }
     };
-    let mut model = Model::load(
+    let model = Model::load(
         file.clone(),
         LoadOptions {
             threads: args.threads,
@@ -149,33 +152,36 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     } else {
         args.cache_checkpoints
     };
-    let plan = model.plan_memory(&MemoryRequest {
-        memory: args.memory,
-        expert_cache: args.expert_cache,
-        available: redlite_model::expertcache::residency::available_bytes(),
-        ctx,
-        sessions,
-        cache: ExpertCacheOptions {
-            pregate: usize::MAX,
-            ..Default::default()
+    let mut engine = redlite_engine::Engine::open(
+        model,
+        &args.dev.options(),
+        &MemoryRequest {
+            memory: args.memory,
+            expert_cache: args.expert_cache,
+            available: redlite_model::expertcache::residency::available_bytes(),
+            ctx,
+            sessions,
+            cache: ExpertCacheOptions {
+                pregate: usize::MAX,
+                ..Default::default()
+            },
         },
-    })?;
-    tracing::info!("{plan}");
-    let model = model;
-    if !args.no_warmup {
-        model.touch_weights(|_, _| {});
+    )?;
+    tracing::info!("{}", engine.plan_line());
+    if !args.no_warmup && engine.reads_host_weights() {
+        engine.model().touch_weights(|_, _| {});
     }
     let model_id = args.alias.clone().unwrap_or_else(|| {
         path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "redlite".into())
     });
+    let model = engine.model().clone();
     tracing::info!(
-        "model {} ({}, {} layers, {} threads), context {ctx}, prompt cache {}",
+        "model {} ({}, {} layers), context {ctx}, prompt cache {}",
         path.display(),
         model.arch().name(),
         model.arch().n_layer(),
-        model.threads(),
         if args.no_prompt_cache {
             "off".to_string()
         } else {
@@ -184,16 +190,31 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     );
     let n_vocab = model.n_vocab();
     let metrics = Arc::new(metrics::Metrics::default());
+    // The sequence is opened on the engine thread, which keeps it (a GPU
+    // sequence stays on one thread).
+    let opened = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let describe = opened.clone();
+    let open: engine::OpenSequence = Box::new(move || {
+        let seq = engine.open_sequence(ctx).map_err(|e| e.to_string())?;
+        if let Ok(mut d) = describe.lock() {
+            *d = engine.describe();
+        }
+        Ok(seq)
+    });
     let engine = engine::start(
-        model,
+        open,
         tokenizer.clone(),
         engine::EngineConfig {
             ctx,
+            ubatch: model.ubatch(),
             prompt_cache: !args.no_prompt_cache,
             max_checkpoints: args.cache_checkpoints,
         },
         metrics.clone(),
     )?;
+    if let Ok(d) = opened.lock() {
+        tracing::info!("{d}");
+    }
     Ok(Arc::new(AppState {
         engine,
         tokenizer,

@@ -1,0 +1,275 @@
+//! The CUDA backend's [`Sequence`]: the whole-token decoder with the model
+//! it reads embedding rows from, and checkpoints of its state kept in
+//! device memory.
+//!
+//! A checkpoint copies, device to device, the KV rows of the filled
+//! positions of every attention layer and the conv window and recurrent
+//! state of every DeltaNet layer; restoring copies them back into the
+//! buffers the captured graph reads, so the graph stays valid. The conv
+//! window is a ring indexed by the position, which the checkpoint carries.
+
+use crate::decoder::{CudaDecoder, DecoderOptions};
+use crate::device::Gpu;
+use crate::error::{CudaError, Result};
+use crate::ops::KvCache;
+use cudarc::driver::CudaSlice;
+use redlite_model::sequence::{CacheCounters, Checkpoint, Sequence, TokenProfile};
+use redlite_model::trace::TraceRecord;
+use redlite_model::{Logits, Model, ModelError};
+use std::sync::Arc;
+
+/// The CUDA backend's name in messages and checkpoints.
+pub const CUDA: &str = "cuda";
+
+/// One sequence on the GPU.
+pub struct CudaSequence {
+    model: Arc<Model>,
+    dec: CudaDecoder,
+}
+
+/// Device copies of a sequence's state (see the module comment).
+struct DeviceState {
+    ctx: usize,
+    pos: usize,
+    /// Per attention layer: the K and V rows of positions `0..pos`.
+    kv: Vec<Option<KvRows>>,
+    /// Per DeltaNet layer: conv window, recurrent state.
+    gdn: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
+}
+
+enum KvRows {
+    F32(CudaSlice<f32>, CudaSlice<f32>),
+    F16(CudaSlice<u16>, CudaSlice<u16>),
+}
+
+fn backend_err(e: CudaError) -> ModelError {
+    ModelError::Backend {
+        backend: CUDA,
+        what: e.to_string(),
+    }
+}
+
+/// The first `n` values of `src`, copied into a new device buffer.
+fn head<T: cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    src: &CudaSlice<T>,
+    n: usize,
+) -> Result<CudaSlice<T>> {
+    Ok(gpu.stream.clone_dtod(&src.slice(..n))?)
+}
+
+/// Values of one position's row in a cache of `ctx` rows.
+fn row_len(len: usize, ctx: usize) -> usize {
+    len / ctx.max(1)
+}
+
+impl CudaSequence {
+    /// Upload `model`'s weights and capture the token graph for
+    /// `opts.ctx` positions on `gpu`.
+    pub fn new(gpu: Gpu, model: Arc<Model>, opts: &DecoderOptions) -> Result<CudaSequence> {
+        let dec = CudaDecoder::new(gpu, &model, opts)?;
+        Ok(CudaSequence { model, dec })
+    }
+
+    /// The decoder underneath (device name, bytes, counters, profiling).
+    pub fn decoder(&self) -> &CudaDecoder {
+        &self.dec
+    }
+
+    pub fn decoder_mut(&mut self) -> &mut CudaDecoder {
+        &mut self.dec
+    }
+
+    /// The model this sequence reads its embedding rows from.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    fn save(&mut self) -> Result<(DeviceState, u64)> {
+        let b = self.dec.state_buffers();
+        let pos = *b.pos;
+        let mut bytes = 0u64;
+        let mut kv = Vec::with_capacity(b.kv.len());
+        for c in &b.kv {
+            let rows = match &**c {
+                KvCache::F32 { k, v } => {
+                    let n = pos * row_len(k.len(), b.ctx);
+                    bytes += 8 * n as u64;
+                    (n > 0)
+                        .then(|| -> Result<KvRows> {
+                            Ok(KvRows::F32(head(b.gpu, k, n)?, head(b.gpu, v, n)?))
+                        })
+                        .transpose()?
+                }
+                KvCache::F16 { k, v } => {
+                    let n = pos * row_len(k.len(), b.ctx);
+                    bytes += 4 * n as u64;
+                    (n > 0)
+                        .then(|| -> Result<KvRows> {
+                            Ok(KvRows::F16(head(b.gpu, k, n)?, head(b.gpu, v, n)?))
+                        })
+                        .transpose()?
+                }
+            };
+            kv.push(rows);
+        }
+        let mut gdn = Vec::with_capacity(b.gdn.len());
+        for (ring, state) in &b.gdn {
+            bytes += 4 * (ring.len() + state.len()) as u64;
+            gdn.push((
+                b.gpu.stream.clone_dtod(&**ring)?,
+                b.gpu.stream.clone_dtod(&**state)?,
+            ));
+        }
+        b.gpu.sync()?;
+        Ok((
+            DeviceState {
+                ctx: b.ctx,
+                pos,
+                kv,
+                gdn,
+            },
+            bytes,
+        ))
+    }
+
+    fn load(&mut self, s: &DeviceState) -> Result<()> {
+        let b = self.dec.state_buffers();
+        crate::error::ensure!(
+            s.ctx == b.ctx && s.kv.len() == b.kv.len() && s.gdn.len() == b.gdn.len(),
+            "a checkpoint of another decoder shape ({} positions, {} attention and {} DeltaNet layers) restored into one of {} positions, {} and {}",
+            s.ctx,
+            s.kv.len(),
+            s.gdn.len(),
+            b.ctx,
+            b.kv.len(),
+            b.gdn.len()
+        );
+        let stream = &b.gpu.stream;
+        // KV rows at and past `pos` are written before they are read (the
+        // attention reads positions 0..=pos after appending pos), so only
+        // the filled rows are copied back.
+        for (dst, src) in b.kv.into_iter().zip(&s.kv) {
+            match (dst, src) {
+                (_, None) => {}
+                (KvCache::F32 { k, v }, Some(KvRows::F32(sk, sv))) => {
+                    stream.memcpy_dtod(sk, &mut k.slice_mut(..sk.len()))?;
+                    stream.memcpy_dtod(sv, &mut v.slice_mut(..sv.len()))?;
+                }
+                (KvCache::F16 { k, v }, Some(KvRows::F16(sk, sv))) => {
+                    stream.memcpy_dtod(sk, &mut k.slice_mut(..sk.len()))?;
+                    stream.memcpy_dtod(sv, &mut v.slice_mut(..sv.len()))?;
+                }
+                _ => crate::error::bail!("a checkpoint with another KV element type"),
+            }
+        }
+        for ((ring, state), (sr, ss)) in b.gdn.into_iter().zip(&s.gdn) {
+            stream.memcpy_dtod(sr, ring)?;
+            stream.memcpy_dtod(ss, state)?;
+        }
+        b.gpu.sync()?;
+        *b.pos = s.pos;
+        Ok(())
+    }
+}
+
+impl Sequence for CudaSequence {
+    fn prefill(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::NoTokens);
+        }
+        let ctx = self.ctx_len();
+        if self.pos() + tokens.len() > ctx {
+            return Err(ModelError::ContextOverflow {
+                pos: self.pos(),
+                n_tokens: tokens.len(),
+                ctx_len: ctx,
+            });
+        }
+        let n_vocab = self.model.n_vocab();
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ModelError::BadToken {
+                token: bad,
+                n_vocab,
+            });
+        }
+        // Token by token: one graph replay each (no batched prefill yet).
+        let mut all = Vec::new();
+        for (i, &t) in tokens.iter().enumerate() {
+            let last = i + 1 == tokens.len();
+            if want == Logits::All || last {
+                let l = self.dec.step(&self.model, t).map_err(backend_err)?;
+                all.extend(l);
+            } else {
+                self.dec
+                    .step_no_logits(&self.model, t)
+                    .map_err(backend_err)?;
+            }
+        }
+        Ok(all)
+    }
+
+    fn pos(&self) -> usize {
+        self.dec.pos()
+    }
+
+    fn ctx_len(&self) -> usize {
+        self.dec.ctx()
+    }
+
+    fn reset(&mut self) -> Result<(), ModelError> {
+        self.dec.reset().map_err(backend_err)
+    }
+
+    fn checkpoint(&mut self) -> Result<Checkpoint, ModelError> {
+        let (state, bytes) = self.save().map_err(backend_err)?;
+        Ok(Checkpoint::new(CUDA, state.pos, bytes, Box::new(state)))
+    }
+
+    fn restore(&mut self, checkpoint: &Checkpoint) -> Result<(), ModelError> {
+        let s: &DeviceState = checkpoint.state(CUDA)?;
+        self.load(s).map_err(backend_err)
+    }
+
+    fn skip_to(&mut self, pos: usize) -> Result<(), ModelError> {
+        self.dec.set_pos(pos).map_err(backend_err)
+    }
+
+    fn take_trace(&mut self) -> Vec<TraceRecord> {
+        Vec::new()
+    }
+
+    fn last_routes(&self) -> Result<Vec<Vec<u32>>, ModelError> {
+        self.dec.routes().map_err(backend_err)
+    }
+
+    fn cache_counters(&self) -> Result<Option<CacheCounters>, ModelError> {
+        Ok(self
+            .dec
+            .cache_totals()
+            .map_err(backend_err)?
+            .map(|(c, bytes)| CacheCounters {
+                hits: c.hits,
+                misses: c.misses,
+                prefetched: c.prefetched,
+                prefetch_used: c.prefetch_used,
+                bytes_moved: bytes,
+            }))
+    }
+
+    fn profile(&mut self, token: u32, reps: usize) -> Result<TokenProfile, ModelError> {
+        let p = self
+            .dec
+            .profile(&self.model, token, reps)
+            .map_err(backend_err)?;
+        Ok(TokenProfile {
+            rows: p.rows,
+            total_us: p.total_us,
+            plain_us: p.plain_us,
+        })
+    }
+
+    fn backend(&self) -> &'static str {
+        CUDA
+    }
+}

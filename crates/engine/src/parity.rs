@@ -1,0 +1,164 @@
+//! Two sequences against each other (any two backends, or two paths of
+//! one): the logits of every teacher-forced step (max |Δlogit|, KL,
+//! argmax), the chosen experts, then the greedy tokens of each.
+
+use redlite_model::sequence::Sequence;
+use redlite_model::ModelError;
+
+/// One step's comparison of two logit vectors.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LogitCmp {
+    pub max_abs: f64,
+    pub kl: f64,
+    pub argmax_equal: bool,
+}
+
+/// The index of the largest value (the first of equals).
+pub fn argmax(v: &[f32]) -> usize {
+    let mut b = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[b] {
+            b = i;
+        }
+    }
+    b
+}
+
+/// max |a - b|, KL(softmax a || softmax b) in f64, argmax agreement. A
+/// non-finite value in `b` makes max |a - b| infinite.
+pub fn compare_logits(a: &[f32], b: &[f32]) -> LogitCmp {
+    let lse = |v: &[f32]| {
+        let m = v
+            .iter()
+            .map(|&x| x as f64)
+            .fold(f64::NEG_INFINITY, f64::max);
+        m + v.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln()
+    };
+    let (la, lb) = (lse(a), lse(b));
+    let mut kl = 0f64;
+    let mut max_abs = 0f64;
+    for (&x, &y) in a.iter().zip(b) {
+        let (lpa, lpb) = (x as f64 - la, y as f64 - lb);
+        kl += lpa.exp() * (lpa - lpb);
+        max_abs = max_abs.max((x as f64 - y as f64).abs());
+        if !y.is_finite() {
+            max_abs = f64::INFINITY;
+        }
+    }
+    LogitCmp {
+        max_abs,
+        kl: if kl.is_nan() {
+            f64::INFINITY
+        } else {
+            kl.max(0.0)
+        },
+        argmax_equal: a.len() == b.len() && argmax(a) == argmax(b),
+    }
+}
+
+/// The comparison of two sequences over one prompt.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Parity {
+    pub steps: usize,
+    pub worst: LogitCmp,
+    pub argmax_agree: usize,
+    /// (MoE layer, step) pairs whose chosen experts differ, of `router_checks`.
+    pub router_mismatches: usize,
+    pub router_checks: usize,
+    pub greedy_a: Vec<u32>,
+    pub greedy_b: Vec<u32>,
+}
+
+impl Parity {
+    pub fn greedy_equal(&self) -> bool {
+        self.greedy_a == self.greedy_b
+    }
+
+    /// Every argmax equal, KL within `kl_max`, greedy identical.
+    pub fn ok(&self, kl_max: f64) -> bool {
+        self.argmax_agree == self.steps && self.worst.kl <= kl_max && self.greedy_equal()
+    }
+}
+
+fn route_diff(a: &[Vec<u32>], b: &[Vec<u32>]) -> (usize, usize) {
+    let n = a.len().max(b.len());
+    let same = a.iter().zip(b).filter(|(x, y)| x == y).count();
+    (n - same, n)
+}
+
+/// Run `prompt` token by token through `a` and `b` (both reset first),
+/// comparing the logits and routes at every step; then `n_greedy` greedy
+/// tokens on each from there, compared while the two agree.
+pub fn compare(
+    a: &mut dyn Sequence,
+    b: &mut dyn Sequence,
+    prompt: &[u32],
+    n_greedy: usize,
+) -> Result<Parity, ModelError> {
+    if prompt.is_empty() {
+        return Err(ModelError::NoTokens);
+    }
+    a.reset()?;
+    b.reset()?;
+    let mut p = Parity {
+        worst: LogitCmp {
+            argmax_equal: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let fold = |p: &mut Parity, c: LogitCmp, routes: (usize, usize)| {
+        p.worst.max_abs = p.worst.max_abs.max(c.max_abs);
+        p.worst.kl = p.worst.kl.max(c.kl);
+        p.worst.argmax_equal &= c.argmax_equal;
+        p.argmax_agree += c.argmax_equal as usize;
+        p.steps += 1;
+        p.router_mismatches += routes.0;
+        p.router_checks += routes.1;
+    };
+    let (mut la, mut lb) = (Vec::new(), Vec::new());
+    for &t in prompt {
+        la = a.decode(t)?;
+        lb = b.decode(t)?;
+        let r = route_diff(&a.last_routes()?, &b.last_routes()?);
+        fold(&mut p, compare_logits(&la, &lb), r);
+    }
+    let mut same = true;
+    for _ in 0..n_greedy {
+        let (ta, tb) = (argmax(&la) as u32, argmax(&lb) as u32);
+        p.greedy_a.push(ta);
+        p.greedy_b.push(tb);
+        same &= ta == tb;
+        la = a.decode(ta)?;
+        lb = b.decode(tb)?;
+        if same {
+            let r = route_diff(&a.last_routes()?, &b.last_routes()?);
+            fold(&mut p, compare_logits(&la, &lb), r);
+        }
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_logits_by_hand() {
+        // Equal inputs: no distance.
+        let c = compare_logits(&[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]);
+        assert_eq!((c.max_abs, c.kl, c.argmax_equal), (0.0, 0.0, true));
+        // A shift by a constant leaves the softmax (so KL) unchanged.
+        let c = compare_logits(&[1.0, 2.0, 3.0], &[2.0, 3.0, 4.0]);
+        assert_eq!(c.max_abs, 1.0);
+        assert!(c.kl < 1e-12 && c.argmax_equal);
+        // Two logits, p = softmax(0, ln 3) = (1/4, 3/4) against q = (1/2, 1/2):
+        // KL = 1/4 ln(1/2) + 3/4 ln(3/2).
+        let c = compare_logits(&[0.0, 3f32.ln()], &[0.0, 0.0]);
+        let want = 0.25 * 0.5f64.ln() + 0.75 * 1.5f64.ln();
+        assert!((c.kl - want).abs() < 1e-7, "{} vs {want}", c.kl);
+        // A NaN on the second side is infinitely far.
+        let c = compare_logits(&[0.0, 1.0], &[0.0, f32::NAN]);
+        assert!(c.max_abs.is_infinite());
+    }
+}

@@ -1,0 +1,200 @@
+//! The sequence API on the CPU backend: a checkpoint taken after a
+//! prefill and restored after other tokens were decoded gives, bit for
+//! bit, the logits of a run that never left the checkpointed path.
+//!
+//! The run itself is checked against llama.cpp's and transformers' logits
+//! on the same fixture elsewhere (`crates/model/tests/fixture_parity.rs`);
+//! what this guards is that checkpoint/restore loses nothing: KV rows,
+//! the DeltaNet conv window and recurrent state, and the position.
+
+use redlite_engine::{BackendOptions, Engine, Logits, MemoryRequest, Model};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/qwen3next")
+        .join(name)
+}
+
+fn engine(name: &str, ctx: usize, sessions: usize) -> Engine {
+    let file = Arc::new(redlite_gguf::GgufFile::open(fixture(name)).expect("fixture opens"));
+    let model = Model::load(file, Default::default()).expect("fixture loads");
+    Engine::open(
+        model,
+        &BackendOptions::default(),
+        &MemoryRequest {
+            ctx,
+            sessions,
+            ..Default::default()
+        },
+    )
+    .expect("engine opens")
+}
+
+const PROMPT: [u32; 9] = [1, 17, 33, 5, 250, 7, 91, 12, 3];
+const NEXT: [u32; 4] = [40, 41, 42, 43];
+const DETOUR: [u32; 3] = [99, 98, 97];
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn restore_after_a_detour_is_bit_identical_to_a_straight_run() {
+    for name in ["tiny-qwen3next-q8_0.gguf", "tiny-qwen3next-f32.gguf"] {
+        let mut e = engine(name, 64, 2);
+        let mut seq = e.open_sequence(0).unwrap();
+        assert_eq!(seq.ctx_len(), 64);
+
+        // The straight run.
+        let p0 = seq.prefill(&PROMPT, Logits::Last).unwrap();
+        let straight: Vec<Vec<u32>> = NEXT
+            .iter()
+            .map(|&t| bits(&seq.decode(t).unwrap()))
+            .collect();
+
+        // Prefill again, checkpoint, go elsewhere, come back.
+        seq.reset().unwrap();
+        assert_eq!(seq.pos(), 0);
+        assert_eq!(
+            bits(&seq.prefill(&PROMPT, Logits::Last).unwrap()),
+            bits(&p0),
+            "{name}: reset"
+        );
+        let cp = seq.checkpoint().unwrap();
+        assert_eq!(cp.pos(), PROMPT.len());
+        assert!(cp.bytes() > 0);
+        let detour: Vec<Vec<u32>> = DETOUR
+            .iter()
+            .map(|&t| bits(&seq.decode(t).unwrap()))
+            .collect();
+        assert_eq!(seq.pos(), PROMPT.len() + DETOUR.len());
+        seq.restore(&cp).unwrap();
+        assert_eq!(seq.pos(), PROMPT.len());
+        let again: Vec<Vec<u32>> = NEXT
+            .iter()
+            .map(|&t| bits(&seq.decode(t).unwrap()))
+            .collect();
+        assert_eq!(
+            again, straight,
+            "{name}: restored run differs from the straight one"
+        );
+        // The detour really changed the state: without the restore the
+        // next logits would not be the straight run's.
+        assert_ne!(
+            detour[0], straight[0],
+            "{name}: the detour did not move the state"
+        );
+        let mut unrestored = e.open_sequence(0).unwrap();
+        unrestored.prefill(&PROMPT, Logits::Last).unwrap();
+        for &t in &DETOUR {
+            unrestored.decode(t).unwrap();
+        }
+        assert_ne!(bits(&unrestored.decode(NEXT[0]).unwrap()), straight[0]);
+
+        // A checkpoint restores as often as asked.
+        seq.restore(&cp).unwrap();
+        assert_eq!(bits(&seq.decode(NEXT[0]).unwrap()), straight[0]);
+    }
+}
+
+#[test]
+fn all_logits_last_row_matches_last() {
+    let mut e = engine("tiny-qwen3next-q8_0.gguf", 32, 1);
+    let mut seq = e.open_sequence(0).unwrap();
+    let all = seq.prefill(&PROMPT, Logits::All).unwrap();
+    let n_vocab = e.model().n_vocab();
+    assert_eq!(all.len(), PROMPT.len() * n_vocab);
+    seq.reset().unwrap();
+    let last = seq.prefill(&PROMPT, Logits::Last).unwrap();
+    // All rows go through the output GEMM, the last alone through a GEMV:
+    // the same sums in another order, so equal to rounding only.
+    let row = &all[(PROMPT.len() - 1) * n_vocab..];
+    let worst = row
+        .iter()
+        .zip(&last)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-4, "last row of All vs Last: {worst}");
+}
+
+#[test]
+fn bad_requests_are_errors_not_panics() {
+    let mut e = engine("tiny-qwen3next-q8_0.gguf", 8, 1);
+    // A sequence longer than the plan made room for.
+    let err = e.open_sequence(9).err().expect("refused").to_string();
+    assert!(
+        err.contains("9 positions") && err.contains("made for 8"),
+        "{err}"
+    );
+    let mut seq = e.open_sequence(4).unwrap();
+    let err = seq.prefill(&PROMPT, Logits::Last).unwrap_err().to_string();
+    assert!(err.contains("context"), "{err}");
+    let err = seq
+        .prefill(&[u32::MAX], Logits::Last)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("vocabulary"), "{err}");
+    assert!(seq.prefill(&[], Logits::Last).is_err());
+    // A checkpoint of a sequence of another length is refused.
+    let mut other = e.open_sequence(8).unwrap();
+    other.prefill(&PROMPT[..2], Logits::Last).unwrap();
+    let cp = other.checkpoint().unwrap();
+    let err = seq.restore(&cp).unwrap_err().to_string();
+    assert!(err.contains("8-position") && err.contains("4"), "{err}");
+    // Skipping positions is a GPU timing tool; the CPU says so.
+    let err = seq.skip_to(3).unwrap_err().to_string();
+    assert!(
+        err.contains("cpu") && err.contains("not supported"),
+        "{err}"
+    );
+}
+
+#[test]
+fn gpu_options_on_the_cpu_are_refused() {
+    let file = Arc::new(redlite_gguf::GgufFile::open(fixture("tiny-qwen3next-q8_0.gguf")).unwrap());
+    let model = Model::load(file, Default::default()).unwrap();
+    let opts = BackendOptions {
+        kv_type: Some(redlite_engine::KvType::F16),
+        ..Default::default()
+    };
+    let err = Engine::open(
+        model,
+        &opts,
+        &MemoryRequest {
+            ctx: 8,
+            sessions: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("--kv-type") && err.contains("--device cuda"),
+        "{err}"
+    );
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_without_the_feature_names_the_feature() {
+    let file = Arc::new(redlite_gguf::GgufFile::open(fixture("tiny-qwen3next-q8_0.gguf")).unwrap());
+    let model = Model::load(file, Default::default()).unwrap();
+    let opts = BackendOptions {
+        device: redlite_engine::Device::Cuda,
+        ..Default::default()
+    };
+    let err = Engine::open(
+        model,
+        &opts,
+        &MemoryRequest {
+            ctx: 8,
+            sessions: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("--features cuda"), "{err}");
+}
