@@ -62,7 +62,7 @@ for s in ${STEPS:-selftest parity synth same budgets}; do
       for round in $(seq "${ROUNDS:-1}"); do
         for b in ${BUDGETS:-full 16G 8G 4G}; do
           echo "== decode, synth $LAYOUT, budget $b, round $round"
-          timeout 300 "$R" bench model -m "$M" --device cuda -p 0 -n "${N_GEN:-64}" -r "${REPS:-3}" \
+          timeout 300 "$R" bench model -m "$M" --device cuda --depth-fill skip -p 0 -n "${N_GEN:-64}" -r "${REPS:-3}" \
             $(budget_args "$b") ${EXTRA:-} || fail=1
         done
       done ;;

@@ -42,7 +42,7 @@ P="${NO_PDL:+--no-pdl}"
 # the synth file $M.
 decode_rows() {
   local d=$1; shift
-  timeout 200 "${REDLITE:-$R}" bench model -m "$M" --device cuda -p 0 -n 64 -d "$d" -r 3 "$@" 2>/dev/null | grep "^| qwen"
+  timeout 200 "${REDLITE:-$R}" bench model -m "$M" --device cuda --depth-fill skip -p 0 -n 64 -d "$d" -r 3 "$@" 2>/dev/null | grep "^| qwen"
 }
 for s in ${STEPS:-selftest parity kernels tiny bench}; do
   case $s in
@@ -58,7 +58,7 @@ for s in ${STEPS:-selftest parity kernels tiny bench}; do
       for a in ${ACTS:-int8}; do
         f=""; [[ $a == f32 ]] && f=--f32-activations
         echo "== decode, synth $LAYOUT, $a activations"
-        timeout 400 "$R" bench model $P -m "$M" --device cuda $f -p 0 -n 64 -d "${DEPTHS:-0,4096,32768}" -r 3
+        timeout 400 "$R" bench model $P -m "$M" --device cuda --depth-fill skip $f -p 0 -n 64 -d "${DEPTHS:-0,4096,32768}" -r 3
       done ;;
     variants)
       M=$(synth_file "$LAYOUT")

@@ -47,7 +47,7 @@ with_mem() {
 }
 redlite_tg() { # file depths reps args... -> prints bench model's table rows
   local m=$1 d=$2 r=$3; shift 3
-  timeout 400 "$R" bench model -m "$m" --device cuda -p 0 -n 64 -d "$d" -r "$r" "$@" 2>"$WORK/rl.err" | grep "^| qwen"
+  timeout 400 "$R" bench model -m "$m" --device cuda --depth-fill skip -p 0 -n 64 -d "$d" -r "$r" "$@" 2>"$WORK/rl.err" | grep "^| qwen"
   grep -E "memory plan|run [0-9]/" "$WORK/rl.err" | sed 's/^/    /'
 }
 llama_tg() { # file depths reps args...

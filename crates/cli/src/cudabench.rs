@@ -112,6 +112,39 @@ pub fn parity_cli(
             );
         }
     }
+    // Checkpoints: a GPU sequence restored after a detour gives the
+    // straight run's logits bit for bit.
+    println!();
+    println!("| file | sequence | checkpoint at | steps after restore | steps with any logit bit different | detour moved the state | verdict |");
+    println!("|---|---|---:|---:|---:|---|---|");
+    for path in files {
+        let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(path)?);
+        let n_vocab = Model::load(file.clone(), Default::default())?.n_vocab();
+        let prompt = tokens(7, n_prompt, n_vocab);
+        let next = tokens(11, n_greedy.max(2), n_vocab);
+        let detour = tokens(13, 5, n_vocab);
+        let ctx = prompt.len() + next.len().max(detour.len()) + 1;
+        let opts = BackendOptions {
+            device: Device::Cuda,
+            pdl,
+            ..Default::default()
+        };
+        let mut gpu = engine(&file, false, &opts, ctx)?;
+        let mut seq = gpu.open_sequence(ctx)?;
+        let (differing, moved) =
+            redlite_engine::parity::checkpoint_roundtrip(&mut *seq, &prompt, &next, &detour)?;
+        let ok = differing == 0 && moved;
+        all &= ok;
+        println!(
+            "| {} | GPU int8 act | {} | {} | {differing} | {} | {} |",
+            path.file_name()
+                .map_or(path.display().to_string(), |n| n.to_string_lossy().into()),
+            prompt.len(),
+            next.len(),
+            if moved { "yes" } else { "no" },
+            if ok { "ok" } else { "FAIL" }
+        );
+    }
     // The bounded expert cache: every size from the minimum (a token's
     // experts) to one below full residency, pre-gating off and on, against
     // the decoder with every expert resident: identical bit for bit.

@@ -139,6 +139,39 @@ pub fn compare(
     Ok(p)
 }
 
+/// A checkpoint round trip on one sequence: the logits of `next` decoded
+/// straight after `prompt`, against the same after a checkpoint, a
+/// detour through `detour` and a restore. Returns (steps whose logits
+/// differ in any bit, whether the detour changed the first step's logits
+/// (a check that the comparison could fail)).
+pub fn checkpoint_roundtrip(
+    seq: &mut dyn Sequence,
+    prompt: &[u32],
+    next: &[u32],
+    detour: &[u32],
+) -> Result<(usize, bool), ModelError> {
+    let bits = |v: Vec<f32>| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+    seq.reset()?;
+    seq.prefill(prompt, redlite_model::Logits::Last)?;
+    let cp = seq.checkpoint()?;
+    let mut straight = Vec::with_capacity(next.len());
+    for &t in next {
+        straight.push(bits(seq.decode(t)?));
+    }
+    seq.restore(&cp)?;
+    let mut moved = false;
+    for (i, &t) in detour.iter().enumerate() {
+        let l = bits(seq.decode(t)?);
+        moved |= i == 0 && l != straight[0];
+    }
+    seq.restore(&cp)?;
+    let mut differing = 0;
+    for (&t, want) in next.iter().zip(&straight) {
+        differing += (bits(seq.decode(t)?) != *want) as usize;
+    }
+    Ok((differing, moved))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -100,6 +100,19 @@ fn restore_after_a_detour_is_bit_identical_to_a_straight_run() {
 }
 
 #[test]
+fn the_parity_tools_round_trip_passes_on_the_cpu() {
+    let mut e = engine("tiny-qwen3next-iq2_xxs.gguf", 32, 2);
+    let mut seq = e.open_sequence(0).unwrap();
+    let (differing, moved) =
+        redlite_engine::parity::checkpoint_roundtrip(&mut *seq, &PROMPT, &NEXT, &DETOUR).unwrap();
+    assert_eq!(differing, 0);
+    assert!(
+        moved,
+        "the detour must change the state, or the check proves nothing"
+    );
+}
+
+#[test]
 fn all_logits_last_row_matches_last() {
     let mut e = engine("tiny-qwen3next-q8_0.gguf", 32, 1);
     let mut seq = e.open_sequence(0).unwrap();
