@@ -51,6 +51,18 @@ def streamed(create):
     return t0, first or t1, t1, usage, "".join(pieces)
 
 
+def server_decode_tok_s():
+    """The server's own decode speed of its last request (/metrics), which
+    leaves out the client's time to parse each streamed chunk."""
+    import urllib.request
+    root = a.base_url.rstrip("/").removesuffix("/v1")
+    with urllib.request.urlopen(root + "/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith('redlite_decode_tokens_per_second{window="last"}'):
+                return float(line.split()[-1])
+    return None
+
+
 def emit(**kv):
     kv["label"] = a.label
     print(json.dumps(kv), flush=True)
@@ -62,7 +74,8 @@ for i in range(a.repeats):
         stream=True, stream_options={"include_usage": True}))
     n = u.completion_tokens if u else None
     emit(kind="decode", run=i, completion_tokens=n, ttft_s=first - t0,
-         decode_tok_s=(n - 1) / (t1 - first) if n and n > 1 and t1 > first else None)
+         decode_tok_s=(n - 1) / (t1 - first) if n and n > 1 and t1 > first else None,
+         server_decode_tok_s=server_decode_tok_s())
 
 words = ("fn parse_header(bytes: &[u8]) -> Result<Header, Error> { let magic = read_u32(bytes, 0)?; "
          "if magic != GGUF_MAGIC { return Err(Error::BadMagic(magic)); } ").split()

@@ -20,6 +20,39 @@ fn tokens(seed: u64, n: usize, n_vocab: usize) -> Vec<u32> {
         .collect()
 }
 
+/// The prompts of one file: `texts` through its tokenizer (in its chat
+/// template when it has one), or `n` random ids when there are none.
+fn prompts(
+    file: &redlite_gguf::GgufFile,
+    texts: &[String],
+    n: usize,
+    n_vocab: usize,
+) -> Result<Vec<(String, Vec<u32>)>> {
+    if texts.is_empty() {
+        return Ok(vec![(format!("{n} random ids"), tokens(7, n, n_vocab))]);
+    }
+    let tok = redlite_tokenizer::Tokenizer::from_gguf(file.metadata())
+        .context("--prompt needs the file's tokenizer")?;
+    let template = redlite_tokenizer::ChatTemplate::from_gguf(file.metadata()).ok();
+    texts
+        .iter()
+        .map(|t| {
+            let text = match &template {
+                Some(tpl) => tpl.render(
+                    &[redlite_tokenizer::ChatMessage::user(t.clone())],
+                    None,
+                    true,
+                    None,
+                )?,
+                None => t.clone(),
+            };
+            let ids = tok.encode(&text, true);
+            let short: String = t.chars().take(24).collect();
+            Ok((format!("{short:?} ({} tokens)", ids.len()), ids))
+        })
+        .collect()
+}
+
 /// An engine on `device` for `ctx` positions, with everything resident.
 fn engine(
     file: &std::sync::Arc<redlite_gguf::GgufFile>,
@@ -51,11 +84,12 @@ pub fn parity_cli(
     n_greedy: usize,
     kl_max: f64,
     pdl: bool,
+    texts: &[String],
 ) -> Result<()> {
     // Read once by the model crate: set before any model runs.
     std::env::set_var("REDLITE_REFERENCE", "f32");
-    println!("| file | paths | steps | argmax agree | worst max abs dlogit | worst KL | router mismatches | greedy {n_greedy} identical | verdict |");
-    println!("|---|---|---:|---:|---:|---:|---:|---|---|");
+    println!("| file | prompt | paths | steps | argmax agree | worst max abs dlogit | worst KL | router mismatches | greedy {n_greedy} identical | verdict |");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---|---|");
     let mut all = true;
     for path in files {
         let file = std::sync::Arc::new(
@@ -63,53 +97,54 @@ pub fn parity_cli(
                 .with_context(|| format!("opening {}", path.display()))?,
         );
         let n_vocab = Model::load(file.clone(), Default::default())?.n_vocab();
-        let prompt = tokens(7, n_prompt, n_vocab);
-        let ctx = n_prompt + n_greedy + 1;
-        let rows = [
-            (true, "CPU reference (f32 act) / GPU f32 act"),
-            (false, "CPU fast (int8 act) / GPU int8 act"),
-        ];
-        for (reference, label) in rows {
-            let mut cpu = engine(&file, reference, &BackendOptions::default(), ctx)?;
-            let gpu_opts = BackendOptions {
-                device: Device::Cuda,
-                activations: if reference {
-                    Activations::F32
-                } else {
-                    Activations::Int8
-                },
-                pdl,
-                ..Default::default()
-            };
-            let mut gpu = engine(&file, reference, &gpu_opts, ctx)?;
-            let (mut a, mut b) = (cpu.open_sequence(ctx)?, gpu.open_sequence(ctx)?);
-            let p = compare(&mut *a, &mut *b, &prompt, n_greedy)?;
-            let ok = p.ok(kl_max);
-            if reference {
-                all &= ok;
-            }
-            println!(
-                "| {} | {label} | {} | {}/{} | {:.3e} | {:.3e} | {}/{} | {} | {} |",
-                path.file_name()
-                    .map_or(path.display().to_string(), |n| n.to_string_lossy().into()),
-                p.steps,
-                p.argmax_agree,
-                p.steps,
-                p.worst.max_abs,
-                p.worst.kl,
-                p.router_mismatches,
-                p.router_checks,
-                if p.greedy_equal() {
-                    "yes".to_string()
-                } else {
-                    format!("no: cpu {:?} gpu {:?}", p.greedy_a, p.greedy_b)
-                },
-                match (ok, reference) {
-                    (true, _) => "ok",
-                    (false, true) => "FAIL",
-                    (false, false) => "differs (not gated)",
+        for (what, prompt) in prompts(&file, texts, n_prompt, n_vocab)? {
+            let ctx = prompt.len() + n_greedy + 1;
+            let rows = [
+                (true, "CPU reference (f32 act) / GPU f32 act"),
+                (false, "CPU fast (int8 act) / GPU int8 act"),
+            ];
+            for (reference, label) in rows {
+                let mut cpu = engine(&file, reference, &BackendOptions::default(), ctx)?;
+                let gpu_opts = BackendOptions {
+                    device: Device::Cuda,
+                    activations: if reference {
+                        Activations::F32
+                    } else {
+                        Activations::Int8
+                    },
+                    pdl,
+                    ..Default::default()
+                };
+                let mut gpu = engine(&file, reference, &gpu_opts, ctx)?;
+                let (mut a, mut b) = (cpu.open_sequence(ctx)?, gpu.open_sequence(ctx)?);
+                let p = compare(&mut *a, &mut *b, &prompt, n_greedy)?;
+                let ok = p.ok(kl_max);
+                if reference {
+                    all &= ok;
                 }
-            );
+                println!(
+                    "| {} | {what} | {label} | {} | {}/{} | {:.3e} | {:.3e} | {}/{} | {} | {} |",
+                    path.file_name()
+                        .map_or(path.display().to_string(), |n| n.to_string_lossy().into()),
+                    p.steps,
+                    p.argmax_agree,
+                    p.steps,
+                    p.worst.max_abs,
+                    p.worst.kl,
+                    p.router_mismatches,
+                    p.router_checks,
+                    if p.greedy_equal() {
+                        "yes".to_string()
+                    } else {
+                        format!("no: cpu {:?} gpu {:?}", p.greedy_a, p.greedy_b)
+                    },
+                    match (ok, reference) {
+                        (true, _) => "ok",
+                        (false, true) => "FAIL",
+                        (false, false) => "differs (not gated)",
+                    }
+                );
+            }
         }
     }
     // Checkpoints: a GPU sequence restored after a detour gives the

@@ -70,6 +70,11 @@ enum Command {
         /// Plain launches instead of programmatic dependent launch (PDL, the default; docs/cuda.md).
         #[arg(long)]
         no_pdl: bool,
+        /// Real prompts (repeatable), tokenized with each file's tokenizer
+        /// and run instead of the random ids (chat-formatted when the file
+        /// has a template).
+        #[arg(short, long)]
+        prompt: Vec<String>,
     },
     /// Benchmarks.
     Bench {
@@ -149,7 +154,10 @@ fn main() -> Result<()> {
             n_greedy,
             kl_max,
             no_pdl,
-        } => redlite_cli::cudabench::parity_cli(&model, n_prompt, n_greedy, kl_max, !no_pdl)?,
+            prompt,
+        } => redlite_cli::cudabench::parity_cli(
+            &model, n_prompt, n_greedy, kl_max, !no_pdl, &prompt,
+        )?,
         #[cfg(feature = "cuda")]
         Command::Bench {
             what:

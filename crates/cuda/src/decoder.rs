@@ -289,10 +289,35 @@ struct Proj {
     groups: Vec<(DeviceMatrix, CudaSlice<f32>)>,
     /// Per part: (group, offset in the group's output).
     at: Vec<(usize, usize)>,
+    /// Per group, when any of its parts has one: the parts' biases
+    /// stacked like their rows (zeros for a part without), added after
+    /// the GEMV as the CPU adds them (qwen2's q, k and v).
+    biases: Vec<Option<CudaSlice<f32>>>,
 }
 
 impl Proj {
     fn new(gpu: &Gpu, f: &GgufFile, parts: &[&Weight]) -> Result<Self> {
+        Self::with_biases(gpu, f, parts, &vec![None; parts.len()])
+    }
+
+    fn with_biases(
+        gpu: &Gpu,
+        f: &GgufFile,
+        parts: &[&Weight],
+        biases: &[Option<&[f32]>],
+    ) -> Result<Self> {
+        ensure!(biases.len() == parts.len(), "a bias slot per projection");
+        for (w, b) in parts.iter().zip(biases) {
+            if let Some(b) = b {
+                ensure!(
+                    b.len() == w.rows(),
+                    "bias of {}: {} values for {} rows",
+                    w.name,
+                    b.len(),
+                    w.rows()
+                );
+            }
+        }
         let mut groups: Vec<Vec<&Weight>> = Vec::new();
         for w in parts {
             match groups.last_mut() {
@@ -300,8 +325,24 @@ impl Proj {
                 _ => groups.push(vec![w]),
             }
         }
-        let (mut out, mut at) = (Vec::new(), Vec::new());
+        let (mut out, mut at, mut group_biases) = (Vec::new(), Vec::new(), Vec::new());
+        let mut part = 0;
         for (gi, g) in groups.iter().enumerate() {
+            let of_group = &biases[part..part + g.len()];
+            part += g.len();
+            group_biases.push(if of_group.iter().any(Option::is_some) {
+                let stacked: Vec<f32> = g
+                    .iter()
+                    .zip(of_group)
+                    .flat_map(|(w, b)| match b {
+                        Some(b) => b.to_vec(),
+                        None => vec![0.0; w.rows()],
+                    })
+                    .collect();
+                Some(gpu.stream.clone_htod(&stacked)?)
+            } else {
+                None
+            });
             let rows: usize = g.iter().map(|w| w.rows()).sum();
             let bytes: Vec<u8> = g.iter().flat_map(|w| w.bytes(f).iter().copied()).collect();
             let names: Vec<&str> = g.iter().map(|w| w.name.as_str()).collect();
@@ -314,7 +355,11 @@ impl Proj {
             }
             out.push((m, gpu.stream.alloc_zeros(rows)?));
         }
-        Ok(Self { groups: out, at })
+        Ok(Self {
+            groups: out,
+            at,
+            biases: group_biases,
+        })
     }
 
     fn part(&self, i: usize) -> (&CudaSlice<f32>, usize) {
@@ -323,8 +368,11 @@ impl Proj {
     }
 
     fn run(&mut self, gpu: &Gpu, x: &CudaSlice<f32>, xq: Option<&Q8Vec>) -> Result<()> {
-        for (m, y) in &mut self.groups {
+        for ((m, y), b) in self.groups.iter_mut().zip(&self.biases) {
             mv(gpu, m, x, xq, y)?;
+            if let Some(b) = b {
+                ops::add_inplace(gpu, y, b, b.len())?;
+            }
         }
         Ok(())
     }
@@ -1015,9 +1063,6 @@ fn be(e: CudaError) -> ModelError {
 impl Builder<'_> {
     fn attention(&mut self, w: &AttnWeights, p: &AttnParams) -> Result<Op> {
         let gpu = self.gpu;
-        if w.bq.is_some() || w.bk.is_some() || w.bv.is_some() {
-            bail!("attention biases are not supported on the device yet");
-        }
         let s = p.shape;
         let dims = AttnDims {
             n_head: s.n_head,
@@ -1037,7 +1082,12 @@ impl Builder<'_> {
             .nsplit
             .unwrap_or_else(|| ops::default_nsplit(&dims, gpu.sms));
         Ok(Op::Attn(Box::new(AttnOp {
-            qkv: Proj::new(gpu, self.file, &[&w.wq, &w.wk, &w.wv])?,
+            qkv: Proj::with_biases(
+                gpu,
+                self.file,
+                &[&w.wq, &w.wk, &w.wv],
+                &[w.bq.as_deref(), w.bk.as_deref(), w.bv.as_deref()],
+            )?,
             wo: upload(gpu, self.file, &w.wo)?,
             norms,
             inv_freq: gpu.stream.clone_htod(p.rope.inv_freq())?,

@@ -98,8 +98,12 @@ impl Sampler {
 
     /// Pick a token. `history` is the sequence so far (for the penalty).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let mut l = logits.to_vec();
         let c = &self.cfg;
+        if c.temperature <= 0.0 && c.repeat_penalty == 1.0 {
+            // Greedy with nothing to adjust: no copy of the vocabulary.
+            return argmax(logits) as u32;
+        }
+        let mut l = logits.to_vec();
         let start = history.len().saturating_sub(c.repeat_last_n);
         apply_repeat_penalty(&mut l, &history[start..], c.repeat_penalty);
         if c.temperature <= 0.0 || l.len() <= 1 {

@@ -148,12 +148,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_stage_walk_gives_the_forward_logits() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/qwen3next/tiny-qwen3next-q8_0.gguf"
-        );
+    /// The stage walk on the CPU against the model's own forward, token by
+    /// token: bit-identical logits, so the walk a GPU records and the CPU
+    /// forward cannot drift apart in layer order or wiring.
+    fn check_walk(path: &std::path::Path, tokens: &[u32]) {
         let file = Arc::new(redlite_gguf::GgufFile::open(path).unwrap());
         let model = Model::load(file, LoadOptions::default()).unwrap();
         let mut session = model.new_session(64);
@@ -168,12 +166,44 @@ mod tests {
             logits: Vec::new(),
             trace: Trace::default(),
         };
-        for (pos, token) in [5u32, 77, 300, 12, 511, 9, 64, 64].into_iter().enumerate() {
+        for (pos, &token) in tokens.iter().enumerate() {
             let want = session.forward(&model, &[token], Logits::Last).unwrap();
             st.token = token;
             st.pos = pos;
             model.arch().decode_stages(&mut st).unwrap();
-            assert_eq!(st.logits, want, "position {pos}");
+            assert_eq!(st.logits, want, "{}: position {pos}", path.display());
         }
+    }
+
+    #[test]
+    fn the_stage_walk_gives_the_forward_logits() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/qwen3next/tiny-qwen3next-q8_0.gguf"
+        );
+        check_walk(path.as_ref(), &[5, 77, 300, 12, 511, 9, 64, 64]);
+    }
+
+    /// qwen2 (the demo model: biases, a dense FFN, a tied head).
+    #[test]
+    fn the_qwen2_stage_walk_gives_the_forward_logits() {
+        let p = match std::env::var_os("REDLITE_DEMO_MODEL") {
+            Some(p) => std::path::PathBuf::from(p),
+            None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/redlite/demo-model.gguf"),
+        };
+        if !p.is_file() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI is set but the demo model is missing at {}",
+                p.display()
+            );
+            eprintln!(
+                "SKIPPED: the qwen2 stage walk needs the demo model at {}",
+                p.display()
+            );
+            return;
+        }
+        check_walk(&p, &[151644, 872, 198, 9707, 0, 11, 1879]);
     }
 }

@@ -112,10 +112,7 @@ impl Arch {
     pub fn decode_stages(&self, s: &mut dyn TokenStages) -> Result<(), ModelError> {
         match self {
             Arch::Qwen3Next(m) => m.decode_stages(s),
-            Arch::Qwen2(_) => Err(ModelError::Backend {
-                backend: "stages",
-                what: "qwen2 has no stage description yet".into(),
-            }),
+            Arch::Qwen2(m) => m.decode_stages(s),
         }
     }
 

@@ -18,6 +18,7 @@ use crate::blocks::attention::{self, AttnParams, AttnWeights};
 use crate::blocks::moe::{DenseFfn, Route};
 use crate::exec::Exec;
 use crate::session::LayerState;
+use crate::stages::TokenStages;
 use crate::trace::Trace;
 use crate::weights::{blk, load_f32, TensorSpec as S, Weight};
 use crate::ModelError;
@@ -209,6 +210,21 @@ impl Qwen2 {
     /// returns the final-normed hidden states and (no routing in a dense
     /// model) an empty route list per layer. Trace names follow llama.cpp's
     /// graph callbacks.
+    /// One decode token as stages: the same layer order as
+    /// [`Self::forward_hidden`], for backends that record a token once and
+    /// replay it (see [`crate::stages`]).
+    pub fn decode_stages(&self, s: &mut dyn TokenStages) -> Result<(), ModelError> {
+        let eps = self.cfg.eps;
+        s.embed(&self.tok_embd)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            s.norm(&l.attn_norm, eps, false)?;
+            s.attention(i, &l.attn, &self.attn)?;
+            s.norm(&l.ffn_norm, eps, true)?;
+            s.dense_ffn(i, &l.ffn)?;
+        }
+        s.head(&self.output_norm, eps, &self.output)
+    }
+
     pub fn forward_hidden(
         &self,
         ex: &Exec,
