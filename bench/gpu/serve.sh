@@ -17,7 +17,7 @@ PY="$WORK/py"
 [[ -d $PY ]] || python3 -m pip install -q --no-index --find-links .bench-wheels --target "$PY" openai
 M=$(synth_file "$LAYOUT")
 port=18080
-for mode in reuse no-reuse; do
+for mode in ${MODES:-reuse no-reuse}; do
   extra=""; [[ $mode == no-reuse ]] && extra=--no-prompt-cache
   "$R" serve -m "$M" --device cuda -c "$CTX" --port $port $extra > "$OUT/serve-$mode.log" 2>&1 &
   pid=$!
