@@ -562,6 +562,39 @@ mod tests {
     }
 
     #[test]
+    fn sums_that_overflow_are_refused_naming_the_context() {
+        // Before: the sums wrapped, and a state near 2^64 planned as tiny.
+        let ctx = 4611686018427387904;
+        for (dense, state, slot) in [
+            (1, u64::MAX - 10, 1),
+            (u64::MAX / 2, u64::MAX / 2 + 1, 1),
+            (1, 1, u64::MAX / 1000),
+        ] {
+            let input = PlanInput {
+                dense_bytes: dense,
+                state_bytes: state,
+                slot_bytes: slot,
+                ctx,
+                ..iq2()
+            };
+            let e = plan(input.clone()).unwrap_err();
+            assert_eq!(e, PlanError::Overflow { dense, state, ctx });
+            assert!(
+                e.to_string().contains("4611686018427387904 positions"),
+                "{e}"
+            );
+            let dense_only = PlanInput {
+                n_experts: 0,
+                expert_bytes: 0,
+                ..input
+            };
+            if slot == 1 {
+                assert!(plan(dense_only).is_err());
+            }
+        }
+    }
+
+    #[test]
     fn sizes_parse() {
         assert_eq!(parse_size("8G").unwrap(), 8 * GIB);
         assert_eq!(parse_size("6GiB").unwrap(), 6 * GIB);
