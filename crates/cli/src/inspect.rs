@@ -84,7 +84,12 @@ fn short_value(v: &MetadataValue) -> String {
             }
         }
         MetadataValue::Array(a) => {
-            let head: Vec<String> = a.values.iter().take(8).map(short_value).collect();
+            let head: Vec<String> = a
+                .values
+                .iter()
+                .take(8)
+                .map(|v| short_value(&v.to_value()))
+                .collect();
             let more = if a.values.len() > 8 { ", …" } else { "" };
             format!(
                 "[{}{}] ({} × {:?})",

@@ -79,6 +79,14 @@ pub struct Plan {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
     #[error(
+        "a context of {ctx} positions × {sessions} session(s) needs more state than 2^64 bytes: give a smaller context size"
+    )]
+    StateOverflow { ctx: u64, sessions: u64 },
+    #[error(
+        "dense weights ({dense} bytes) + state ({state} bytes for a context of {ctx} positions) + experts exceed 2^64 bytes: give a smaller context size"
+    )]
+    Overflow { dense: u64, state: u64, ctx: u64 },
+    #[error(
         "does not fit: dense weights {dense} + state {state} ({ctx} positions) + reserve {reserve} + the smallest expert cache {min_cache} ({n_used} slots of {slot}) = {need}, but the budget is {budget}{hint}",
         dense = human(*dense), state = human(*state), reserve = human(*reserve),
         min_cache = human(*min_cache), slot = human(*slot), need = human(*need), budget = human(*budget)
@@ -140,7 +148,26 @@ pub fn plan(input: PlanInput) -> Result<Plan, PlanError> {
         (Some(m), Some(a)) => Some(m.min(a)),
         (m, a) => m.or(a),
     };
-    let fixed = input.dense_bytes + input.state_bytes + input.reserve;
+    // Every sum below is at most `fixed` plus every expert (or the cache,
+    // at most every expert's slot): check those once, and the arithmetic
+    // after cannot wrap.
+    let overflow = || PlanError::Overflow {
+        dense: input.dense_bytes,
+        state: input.state_bytes,
+        ctx: input.ctx,
+    };
+    let fixed = input
+        .dense_bytes
+        .checked_add(input.state_bytes)
+        .and_then(|b| b.checked_add(input.reserve))
+        .ok_or_else(overflow)?;
+    let all_slots = input.n_experts.checked_mul(input.slot_bytes.max(1));
+    let most = all_slots
+        .zip(fixed.checked_add(input.expert_bytes))
+        .and_then(|(a, b)| b.checked_add(a));
+    if most.is_none() {
+        return Err(overflow());
+    }
     // The budget the residency decision uses: the available memory less the
     // headroom, unless --memory set a budget at or below it.
     let from_available = input
@@ -532,6 +559,39 @@ mod tests {
             msg.contains("weights 4.00 GiB") && msg.contains("budget is 4.00 GiB"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn sums_that_overflow_are_refused_naming_the_context() {
+        // Before: the sums wrapped, and a state near 2^64 planned as tiny.
+        let ctx = 4611686018427387904;
+        for (dense, state, slot) in [
+            (1, u64::MAX - 10, 1),
+            (u64::MAX / 2, u64::MAX / 2 + 1, 1),
+            (1, 1, u64::MAX / 1000),
+        ] {
+            let input = PlanInput {
+                dense_bytes: dense,
+                state_bytes: state,
+                slot_bytes: slot,
+                ctx,
+                ..iq2()
+            };
+            let e = plan(input.clone()).unwrap_err();
+            assert_eq!(e, PlanError::Overflow { dense, state, ctx });
+            assert!(
+                e.to_string().contains("4611686018427387904 positions"),
+                "{e}"
+            );
+            let dense_only = PlanInput {
+                n_experts: 0,
+                expert_bytes: 0,
+                ..input
+            };
+            if slot == 1 {
+                assert!(plan(dense_only).is_err());
+            }
+        }
     }
 
     #[test]

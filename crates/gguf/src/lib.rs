@@ -26,6 +26,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod array;
 pub mod error;
 pub mod metadata;
 mod reader;
@@ -38,7 +39,7 @@ use std::fs::File;
 use std::path::Path;
 
 pub use error::{GgufError, Section, Source};
-pub use metadata::{Metadata, MetadataArray, MetadataValue, ValueType};
+pub use metadata::{ArrayValues, Metadata, MetadataArray, MetadataValue, ValueRef, ValueType};
 pub use tensor::{TensorInfo, TensorView};
 pub use types::GgmlType;
 pub use writer::{GgufStreamWriter, GgufWriter, TensorDecl};

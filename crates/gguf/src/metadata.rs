@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+pub use crate::array::{ArrayValues, ValueRef};
 use crate::error::{GgufError, Source};
 
 /// The value type ids of GGUF metadata.
@@ -79,17 +80,36 @@ impl ValueType {
     }
 }
 
-/// An array value: one element type, then the elements.
+/// An array value: one element type, then the elements (stored by type,
+/// see [`ArrayValues`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MetadataArray {
     pub elem_type: ValueType,
-    pub values: Vec<MetadataValue>,
+    pub values: ArrayValues,
 }
 
 impl MetadataArray {
     /// An array; the writer checks that every value has `elem_type`.
     pub fn new(elem_type: ValueType, values: Vec<MetadataValue>) -> MetadataArray {
-        MetadataArray { elem_type, values }
+        let mut a = ArrayValues::empty(elem_type);
+        a.reserve(values.len());
+        for v in values {
+            a.push(v);
+        }
+        MetadataArray {
+            elem_type,
+            values: a,
+        }
+    }
+
+    /// An array of one typed vector (`Vec<u8>`, `Vec<i32>`, ...), or of
+    /// strings collected into [`ArrayValues`].
+    pub fn typed(values: impl Into<ArrayValues>) -> MetadataArray {
+        let values = values.into();
+        MetadataArray {
+            elem_type: values.elem_type().unwrap_or(ValueType::Array),
+            values,
+        }
     }
 }
 
@@ -145,12 +165,8 @@ impl MetadataValue {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        MetadataValue::Array(MetadataArray::new(
-            ValueType::String,
-            items
-                .into_iter()
-                .map(|s| MetadataValue::String(s.into()))
-                .collect(),
+        MetadataValue::Array(MetadataArray::typed(
+            items.into_iter().map(Into::into).collect::<ArrayValues>(),
         ))
     }
 
@@ -382,7 +398,7 @@ impl Metadata {
         &'a self,
         key: &str,
         expected: &'static str,
-        f: impl Fn(&'a MetadataValue) -> Option<T>,
+        f: impl Fn(ValueRef<'a>) -> Option<T>,
     ) -> Result<Vec<T>, GgufError> {
         let v = self.require(key)?;
         let MetadataValue::Array(a) = v else {
@@ -400,7 +416,7 @@ impl Metadata {
         expected: &'static str,
         target: &'static str,
     ) -> Result<Vec<T>, GgufError> {
-        let ints = self.array_map(key, expected, MetadataValue::as_int)?;
+        let ints = self.array_map(key, expected, ValueRef::as_int)?;
         ints.into_iter()
             .map(|i| {
                 T::try_from(i).map_err(|_| GgufError::ValueOutOfRange {
@@ -415,7 +431,7 @@ impl Metadata {
 
     /// An array of strings.
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>, GgufError> {
-        self.array_map(key, "an array of string", MetadataValue::as_str)
+        self.array_map(key, "an array of string", ValueRef::as_str)
     }
 
     /// An array of integers (any width) that fit in `i32`.
@@ -435,15 +451,26 @@ impl Metadata {
 
     /// An array of bools.
     pub fn get_bool_array(&self, key: &str) -> Result<Vec<bool>, GgufError> {
-        self.array_map(key, "an array of bool", |v| match v {
-            MetadataValue::Bool(b) => Some(*b),
-            _ => None,
-        })
+        self.array_map(key, "an array of bool", ValueRef::as_bool)
     }
 
     /// An array of `f32` or `f64`, as `f32`.
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>, GgufError> {
         self.array_map(key, "an array of float", |v| v.as_f64().map(|x| x as f32))
+    }
+
+    /// Heap bytes the table takes: keys, values, arrays' elements and the
+    /// index (an estimate of the hash map's share). Parsing bounds this by
+    /// a small multiple of the metadata's size in the file.
+    pub fn heap_bytes(&self) -> usize {
+        let entry = std::mem::size_of::<(String, MetadataValue)>();
+        let slot = std::mem::size_of::<(String, usize)>() + 1;
+        let values: usize = self
+            .entries
+            .iter()
+            .map(|(k, v)| 2 * k.capacity() + v.heap_bytes())
+            .sum();
+        values + self.entries.capacity() * entry + self.index.capacity() * slot
     }
 
     /// `general.architecture`.

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use crate::error::{GgufError, Section, Source};
-use crate::metadata::{Metadata, MetadataArray, MetadataValue, ValueType};
+use crate::metadata::{ArrayValues, Metadata, MetadataArray, MetadataValue, ValueType};
 use crate::tensor::TensorInfo;
 use crate::types::GgmlType;
 use crate::{DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS};
@@ -103,11 +103,15 @@ impl<'a> Cursor<'a> {
     }
 
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String, GgufError> {
+        self.str_ref(what).map(str::to_string)
+    }
+
+    fn str_ref(&mut self, what: &dyn Fn() -> String) -> Result<&'a str, GgufError> {
         let len_what = || format!("length of {}", what());
         let len = self.u64(&len_what)?;
         let n = self.bounded_count(len, 1, &len_what)?;
         let bytes = self.take(n, what)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::InvalidUtf8 {
+        std::str::from_utf8(bytes).map_err(|_| GgufError::InvalidUtf8 {
             file: self.file.clone(),
             section: self.section,
             what: what(),
@@ -154,10 +158,18 @@ impl<'a> Cursor<'a> {
                 let count_what = || format!("array length of key `{key}`");
                 let count = self.u64(&count_what)?;
                 let n = self.bounded_count(count, elem_type.min_encoded_size(), &count_what)?;
-                let mut values = Vec::with_capacity(n);
+                // Typed storage: memory stays within a small multiple of
+                // the bytes just checked (see `array.rs`).
+                let mut values = ArrayValues::empty(elem_type);
+                values.reserve(n);
                 for _ in 0..n {
-                    values.push(self.value(elem_type, key, depth + 1)?);
+                    if elem_type == ValueType::String {
+                        values.push_str(self.str_ref(&what)?);
+                    } else {
+                        values.push(self.value(elem_type, key, depth + 1)?);
+                    }
                 }
+                values.shrink_to_fit();
                 MetadataValue::Array(MetadataArray { elem_type, values })
             }
         })

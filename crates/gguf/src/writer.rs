@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{GgufError, Section, Source};
-use crate::metadata::{Metadata, MetadataValue};
+use crate::metadata::{Metadata, MetadataValue, ValueRef};
 use crate::reader::{align_up, tensor_n_bytes};
 use crate::tensor::TensorInfo;
 use crate::types::GgmlType;
@@ -283,7 +283,7 @@ fn plan(metadata: &Metadata, decls: &[TensorDecl], file: &Source) -> Result<Plan
     for (key, value) in metadata.iter() {
         put_str(&mut h, key);
         h.extend_from_slice(&(value.value_type() as u32).to_le_bytes());
-        put_value(&mut h, value, key, 0, file)?;
+        put_value(&mut h, value.as_ref(), key, 0, file)?;
     }
     let mut names = HashSet::with_capacity(decls.len());
     let mut tensors = Vec::with_capacity(decls.len());
@@ -335,25 +335,25 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 fn put_value(
     out: &mut Vec<u8>,
-    v: &MetadataValue,
+    v: ValueRef<'_>,
     key: &str,
     depth: usize,
     file: &Source,
 ) -> Result<(), GgufError> {
     match v {
-        MetadataValue::U8(x) => out.push(*x),
-        MetadataValue::I8(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetadataValue::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetadataValue::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetadataValue::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetadataValue::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetadataValue::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetadataValue::Bool(x) => out.push(u8::from(*x)),
-        MetadataValue::String(s) => put_str(out, s),
-        MetadataValue::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetadataValue::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetadataValue::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetadataValue::Array(a) => {
+        ValueRef::U8(x) => out.push(x),
+        ValueRef::I8(x) => out.extend_from_slice(&x.to_le_bytes()),
+        ValueRef::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        ValueRef::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        ValueRef::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        ValueRef::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        ValueRef::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        ValueRef::Bool(x) => out.push(u8::from(x)),
+        ValueRef::String(s) => put_str(out, s),
+        ValueRef::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        ValueRef::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        ValueRef::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        ValueRef::Array(a) => {
             if depth >= MAX_ARRAY_DEPTH {
                 return Err(GgufError::NestingTooDeep {
                     file: file.clone(),

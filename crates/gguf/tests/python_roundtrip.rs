@@ -86,7 +86,10 @@ fn same(a: &MetadataValue, b: &MetadataValue) -> bool {
         (M::Array(x), M::Array(y)) => {
             x.elem_type == y.elem_type
                 && x.values.len() == y.values.len()
-                && x.values.iter().zip(&y.values).all(|(p, q)| same(p, q))
+                && x.values
+                    .iter()
+                    .zip(&y.values)
+                    .all(|(p, q)| same(&p.to_value(), &q.to_value()))
         }
         _ => a == b,
     }

@@ -25,6 +25,16 @@ pub enum ModelError {
         ty: GgmlType,
         what: String,
     },
+    #[error(
+        "tensor `{name}` has a non-finite value ({value}) at element {index}: the file is corrupt"
+    )]
+    NonFinite {
+        name: String,
+        index: usize,
+        value: f32,
+    },
+    #[error("`tokenizer.ggml.tokens` has {tokens} tokens but `token_embd.weight` has only {rows} rows: tokens past the last row could not be embedded")]
+    VocabMismatch { tokens: usize, rows: usize },
     #[error("layer {layer}: {what}")]
     Layer { layer: usize, what: String },
     #[error(

@@ -13,6 +13,7 @@
 
 pub mod arch;
 pub mod blocks;
+pub mod check;
 pub mod error;
 pub mod exec;
 pub mod model;
@@ -23,6 +24,7 @@ pub mod stages;
 pub mod trace;
 pub mod weights;
 
+pub use check::check_model_bytes;
 pub use error::ModelError;
 pub use model::{ExpertCacheOptions, LoadOptions, MemoryRequest, Model};
 pub use redlite_expertcache as expertcache;

@@ -6,7 +6,9 @@ use crate::exec::Exec;
 use crate::session::Session;
 use crate::ModelError;
 use redlite_cpu::Pool;
-use redlite_expertcache::plan::{plan, ExpertResidency, Plan, PlanInput, DEFAULT_RESERVE};
+use redlite_expertcache::plan::{
+    plan, ExpertResidency, Plan, PlanError, PlanInput, DEFAULT_RESERVE,
+};
 use redlite_expertcache::residency::{advise, Advice};
 use redlite_expertcache::{CacheConfig, ExpertCache, ExpertLayout, FileLoader, PolicyKind};
 use redlite_gguf::GgufFile;
@@ -124,9 +126,7 @@ impl Model {
 
     /// (dense bytes, routed expert bytes) of the file's tensors.
     pub fn weight_split(&self) -> Result<(u64, u64), ModelError> {
-        let total: u64 = self.file.tensors().iter().map(|t| t.n_bytes).sum();
-        let experts = self.expert_layout()?.total_bytes();
-        Ok((total - experts, experts))
+        weight_split(&self.file, &self.arch)
     }
 
     /// Serve routed experts from a bounded cache of `opts.slots` slots,
@@ -162,23 +162,7 @@ impl Model {
     /// Plan what is resident for `req` and install the expert cache when
     /// the plan has one. Reads no weights: a refusal comes before loading.
     pub fn plan_memory(&mut self, req: &MemoryRequest) -> Result<Plan, ModelError> {
-        let layout = self.expert_layout()?;
-        let (dense, experts) = self.weight_split()?;
-        let (kv_per_position, recurrent) = self.state_bytes();
-        let one = kv_per_position * req.ctx as u64 + recurrent;
-        let p = plan(PlanInput {
-            dense_bytes: dense,
-            expert_bytes: experts,
-            n_experts: layout.n_experts(),
-            slot_bytes: layout.slot_bytes(),
-            n_used: self.n_expert_used() as u64,
-            state_bytes: one * req.sessions.max(1) as u64,
-            ctx: req.ctx as u64,
-            available: req.available,
-            memory: req.memory,
-            expert_cache: req.expert_cache,
-            reserve: DEFAULT_RESERVE,
-        })?;
+        let p = plan_for(&self.file, &self.arch, req)?;
         if let ExpertResidency::Cached { slots } = p.experts {
             let mut opts = req.cache;
             opts.slots = slots as usize;
@@ -213,31 +197,13 @@ impl Model {
     /// attention layers, fixed recurrent state over all DeltaNet layers).
     /// Callers multiply the first by the context length to size a session.
     pub fn state_bytes(&self) -> (u64, u64) {
-        let meta = self.file.metadata();
-        let arch = self.arch.name();
-        let key = |k: &str| format!("{arch}.{k}");
-        let n_embd = meta.get_u64(&key("embedding_length")).unwrap_or(0);
-        let n_head = meta
-            .get_u64(&key("attention.head_count"))
-            .unwrap_or(1)
-            .max(1);
-        let n_kv = meta
-            .get_u64(&key("attention.head_count_kv"))
-            .unwrap_or(n_head);
-        let k_len = meta
-            .get_u64(&key("attention.key_length"))
-            .unwrap_or(n_embd / n_head);
-        let v_len = meta
-            .get_u64(&key("attention.value_length"))
-            .unwrap_or(n_embd / n_head);
-        let (mut per_position, mut fixed) = (0u64, 0u64);
-        for state in self.arch.new_states() {
-            match state {
-                crate::LayerState::Kv(_) => per_position += n_kv * (k_len + v_len) * 4,
-                crate::LayerState::Recurrent(r) => fixed += (r.conv.len() + r.ssm.len()) as u64 * 4,
-            }
-        }
-        (per_position, fixed)
+        state_bytes(&self.arch)
+    }
+
+    /// The state of `sessions` sessions of `ctx` positions, in bytes; an
+    /// error naming the context size when that does not fit 64 bits.
+    pub fn session_state_bytes(&self, ctx: usize, sessions: usize) -> Result<u64, ModelError> {
+        session_state_bytes(&self.arch, ctx, sessions)
     }
 
     /// Touch every page of the mapped weights so the first token is not
@@ -344,4 +310,68 @@ impl Model {
             pregate: self.pregate,
         }
     }
+}
+
+/// (dense bytes, routed expert bytes) of the file's tensors.
+pub(crate) fn weight_split(file: &GgufFile, arch: &Arch) -> Result<(u64, u64), ModelError> {
+    // The parser checked that every tensor lies inside the file without
+    // overlap, so these sums are at most the file's size.
+    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    let experts = arch.expert_layout()?.total_bytes();
+    Ok((total.saturating_sub(experts), experts))
+}
+
+/// See [`Model::state_bytes`].
+pub(crate) fn state_bytes(arch: &Arch) -> (u64, u64) {
+    // From the checked config: every factor is capped (arch::limits), so
+    // these products cannot overflow.
+    let (n_kv, head_dim) = arch.kv_dims();
+    let (mut per_position, mut fixed) = (0u64, 0u64);
+    for state in arch.new_states() {
+        match state {
+            crate::LayerState::Kv(_) => per_position += (n_kv * head_dim * 2 * 4) as u64,
+            crate::LayerState::Recurrent(r) => fixed += (r.conv.len() + r.ssm.len()) as u64 * 4,
+        }
+    }
+    (per_position, fixed)
+}
+
+/// See [`Model::session_state_bytes`].
+pub(crate) fn session_state_bytes(
+    arch: &Arch,
+    ctx: usize,
+    sessions: usize,
+) -> Result<u64, ModelError> {
+    let (per_position, fixed) = state_bytes(arch);
+    (ctx as u64)
+        .checked_mul(per_position)
+        .and_then(|b| b.checked_add(fixed))
+        .and_then(|b| b.checked_mul(sessions.max(1) as u64))
+        .ok_or(ModelError::Plan(PlanError::StateOverflow {
+            ctx: ctx as u64,
+            sessions: sessions.max(1) as u64,
+        }))
+}
+
+/// The memory plan for `req` (no cache installed).
+pub(crate) fn plan_for(
+    file: &GgufFile,
+    arch: &Arch,
+    req: &MemoryRequest,
+) -> Result<Plan, ModelError> {
+    let layout = arch.expert_layout()?;
+    let (dense, experts) = weight_split(file, arch)?;
+    Ok(plan(PlanInput {
+        dense_bytes: dense,
+        expert_bytes: experts,
+        n_experts: layout.n_experts(),
+        slot_bytes: layout.slot_bytes(),
+        n_used: arch.n_expert_used() as u64,
+        state_bytes: session_state_bytes(arch, req.ctx, req.sessions)?,
+        ctx: req.ctx as u64,
+        available: req.available,
+        memory: req.memory,
+        expert_cache: req.expert_cache,
+        reserve: DEFAULT_RESERVE,
+    })?)
 }

@@ -163,7 +163,53 @@ impl Weight {
     }
 }
 
-/// Load a small tensor as f32 in one step.
+/// Load a small tensor (a norm, bias, conv taps) as f32 in one step. A
+/// NaN or infinity in one is refused with the tensor's name: it would turn
+/// every activation after it into NaN and the output into garbage, with
+/// nothing said. Scanning costs nothing next to dequantizing.
 pub fn load_f32(file: &GgufFile, spec: TensorSpec) -> Result<Vec<f32>, ModelError> {
-    Weight::require(file, spec)?.to_f32(file)
+    let w = Weight::require(file, spec)?;
+    let v = w.to_f32(file)?;
+    check_finite(&w.name, &v, 0)?;
+    Ok(v)
+}
+
+/// An error naming `name` at the first non-finite value of `v` (whose first
+/// element is element `base` of the tensor).
+pub fn check_finite(name: &str, v: &[f32], base: usize) -> Result<(), ModelError> {
+    match v.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(ModelError::NonFinite {
+            name: name.to_string(),
+            index: base + i,
+            value: v[i],
+        }),
+    }
+}
+
+/// Rows checked by [`check_sampled_rows`].
+pub const SAMPLED_ROWS: usize = 64;
+
+/// Dequantize up to [`SAMPLED_ROWS`] rows spread evenly over a big matrix
+/// (the first and last among them) and refuse non-finite values. A whole
+/// corrupt or wrongly typed tensor is caught at load for a few hundred
+/// kilobytes of reads; a single bad row is caught where rows are used
+/// (the embedding checks each row it dequantizes).
+pub fn check_sampled_rows(file: &GgufFile, w: &Weight) -> Result<(), ModelError> {
+    let m = w.matrix(file)?;
+    if m.rows == 0 {
+        return Ok(());
+    }
+    let n = m.rows.min(SAMPLED_ROWS);
+    let mut row = vec![0f32; m.cols];
+    for k in 0..n {
+        let r = if n == 1 {
+            0
+        } else {
+            k * (m.rows - 1) / (n - 1)
+        };
+        m.dequantize_row(r, &mut row)?;
+        check_finite(&w.name, &row, r * m.cols)?;
+    }
+    Ok(())
 }

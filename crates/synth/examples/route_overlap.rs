@@ -27,8 +27,8 @@ fn text_ids() -> Vec<u32> {
     };
     let mut id: HashMap<String, u32> = HashMap::new();
     for (i, v) in a.values.iter().enumerate() {
-        if let MetadataValue::String(s) = v {
-            id.insert(s.clone(), i as u32);
+        if let Some(s) = v.as_str() {
+            id.insert(s.to_string(), i as u32);
         }
     }
     TEXT.split_whitespace()

@@ -261,6 +261,28 @@ impl Tokenizer {
                 byte_ids[b as usize] = id;
             }
         }
+        // Byte-level BPE starts every word from one token per byte; a byte
+        // without one would be dropped from the text without a word (the
+        // output of `tokenize` was `[]`). Refuse such a vocabulary at load.
+        let missing: Vec<u8> = (0..=255u8)
+            .filter(|&b| byte_ids[b as usize] == u32::MAX)
+            .collect();
+        if !missing.is_empty() {
+            let list: Vec<String> = missing
+                .iter()
+                .take(8)
+                .map(|&b| format!("0x{b:02X} ({:?})", bl.char_of(b)))
+                .collect();
+            let more = if missing.len() > 8 { ", ..." } else { "" };
+            return Err(TokenizerError::Invalid {
+                key: keys::TOKENS,
+                why: format!(
+                    "no token for {} of the 256 bytes ({}{more}): byte-level BPE needs one token per byte",
+                    missing.len(),
+                    list.join(", ")
+                ),
+            });
+        }
 
         let mut table = Merges::with_capacity(merges.len());
         let mut joined = String::new();

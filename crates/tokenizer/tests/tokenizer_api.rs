@@ -79,24 +79,41 @@ fn invalid_utf8_is_replaced_and_streamed() {
     assert_eq!(tok.decode(&[f0, 64, f0]), "\u{FFFD}a\u{FFFD}");
 }
 
+/// The byte-level BPE characters of every byte except `a` and `b`, in
+/// GPT-2's table (printable Latin-1 bytes stand for themselves, the others
+/// are U+0100 onwards in byte order).
+fn other_byte_tokens() -> Vec<String> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 0x100u32;
+    let mut out = Vec::new();
+    for b in 0..=255u8 {
+        let c = if printable(b) {
+            char::from(b)
+        } else {
+            next += 1;
+            char::from_u32(next - 1).unwrap()
+        };
+        if b != b'a' && b != b'b' {
+            out.push(c.to_string());
+        }
+    }
+    out
+}
+
 fn tiny_meta() -> Metadata {
     let mut m = Metadata::new();
     m.insert("tokenizer.ggml.model", "gpt2");
     m.insert("tokenizer.ggml.pre", "qwen2");
-    m.insert(
-        "tokenizer.ggml.tokens",
-        MetadataValue::string_array(["a", "b", "ab", "<|x|>"]),
-    );
+    let mut tokens: Vec<String> = ["a", "b", "ab", "<|x|>"].map(String::from).to_vec();
+    tokens.extend(other_byte_tokens());
+    let mut types = vec![MetadataValue::I32(1); tokens.len()];
+    types[3] = MetadataValue::I32(3);
+    m.insert("tokenizer.ggml.tokens", MetadataValue::string_array(tokens));
     m.insert(
         "tokenizer.ggml.token_type",
         MetadataValue::Array(redlite_gguf::MetadataArray::new(
             redlite_gguf::ValueType::I32,
-            vec![
-                MetadataValue::I32(1),
-                MetadataValue::I32(1),
-                MetadataValue::I32(1),
-                MetadataValue::I32(3),
-            ],
+            types,
         )),
     );
     m.insert(
@@ -113,8 +130,35 @@ fn tiny_vocab_builds_and_encodes() {
     m.insert("tokenizer.ggml.add_bos_token", true);
     let tok = Tokenizer::from_gguf(&m).unwrap();
     assert_eq!(tok.encode("ab<|x|>ba", true), [3, 2, 3, 1, 0]);
-    // Bytes with no token in the vocabulary are dropped, not a panic.
-    assert_eq!(tok.encode("z", true), [3]);
+    // Every byte has a token: nothing is dropped.
+    let z = tok.token_to_id("z").unwrap();
+    assert_eq!(tok.encode("z", true), [3, z]);
+}
+
+#[test]
+fn a_vocabulary_without_byte_tokens_is_refused_at_load() {
+    // Before: `z` (no token) vanished from the text, `encode` gave `[]`.
+    let mut m = tiny_meta();
+    let mut tokens: Vec<String> = ["a", "b", "ab", "<|x|>"].map(String::from).to_vec();
+    tokens.extend(
+        other_byte_tokens()
+            .into_iter()
+            .filter(|t| t != "z" && t != "Ċ"),
+    );
+    let n = tokens.len();
+    m.insert("tokenizer.ggml.tokens", MetadataValue::string_array(tokens));
+    m.insert(
+        "tokenizer.ggml.token_type",
+        MetadataValue::Array(redlite_gguf::MetadataArray::new(
+            redlite_gguf::ValueType::I32,
+            vec![MetadataValue::I32(1); n],
+        )),
+    );
+    let e = Tokenizer::from_gguf(&m).unwrap_err();
+    assert!(matches!(e, TokenizerError::Invalid { key, .. } if key == "tokenizer.ggml.tokens"));
+    let msg = e.to_string();
+    assert!(msg.contains("2 of the 256 bytes"), "{msg}");
+    assert!(msg.contains("0x0A") && msg.contains("0x7A"), "{msg}");
 }
 
 #[test]
@@ -141,7 +185,7 @@ fn errors_name_the_key() {
     assert!(matches!(e, TokenizerError::WrongType { key, .. } if key == "tokenizer.ggml.tokens"));
 
     let mut m = tiny_meta();
-    m.insert("tokenizer.ggml.eos_token_id", 99u32);
+    m.insert("tokenizer.ggml.eos_token_id", 9999u32);
     let e = Tokenizer::from_gguf(&m).unwrap_err();
     assert!(e.to_string().contains("tokenizer.ggml.eos_token_id"), "{e}");
 

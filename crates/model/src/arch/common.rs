@@ -1,8 +1,9 @@
 //! Pieces every architecture loads the same way: metadata access with
 //! named errors, embeddings and head, dense FFNs.
 
+use super::limits;
 use crate::blocks::moe::DenseFfn;
-use crate::weights::{blk, load_f32, TensorSpec as S, Weight};
+use crate::weights::{blk, check_finite, check_sampled_rows, load_f32, TensorSpec as S, Weight};
 use crate::ModelError;
 use redlite_gguf::{GgufFile, Metadata};
 
@@ -17,8 +18,31 @@ impl<'a> Meta<'a> {
         Meta { md, arch }
     }
 
-    fn key(&self, k: &str) -> String {
+    /// The full key: `{arch}.{k}`.
+    pub fn key(&self, k: &str) -> String {
         format!("{}.{k}", self.arch)
+    }
+
+    /// A required size in `lo..=hi`.
+    pub fn size(&self, k: &str, lo: usize, hi: usize) -> Result<usize, ModelError> {
+        limits::in_range(&self.key(k), self.usize(k)?, lo, hi)
+    }
+
+    /// An optional size in `lo..=hi` (the default is checked too: it is
+    /// often derived from other values).
+    pub fn size_or(
+        &self,
+        k: &str,
+        default: usize,
+        lo: usize,
+        hi: usize,
+    ) -> Result<usize, ModelError> {
+        limits::in_range(&self.key(k), self.usize_or(k, default)?, lo, hi)
+    }
+
+    /// An optional float that must be finite and positive.
+    pub fn positive_or(&self, k: &str, default: f32) -> Result<f32, ModelError> {
+        limits::positive(&self.key(k), self.f32_or(k, default)?)
     }
 
     pub fn bad(&self, k: &str, what: String) -> ModelError {
@@ -29,7 +53,8 @@ impl<'a> Meta<'a> {
     }
 
     pub fn usize(&self, k: &str) -> Result<usize, ModelError> {
-        Ok(self.md.get_u64(&self.key(k))? as usize)
+        let v = self.md.get_u64(&self.key(k))?;
+        usize::try_from(v).map_err(|_| self.bad(k, format!("{v} does not fit in memory sizes")))
     }
 
     pub fn usize_or(&self, k: &str, default: usize) -> Result<usize, ModelError> {
@@ -59,7 +84,10 @@ impl<'a> Meta<'a> {
     }
 }
 
-/// The vocabulary size: `token_embd`'s second dim.
+/// The vocabulary size: `token_embd`'s second dim. The tokenizer's
+/// vocabulary (`tokenizer.ggml.tokens`, when present) must not be larger:
+/// a token without an embedding row would fail only when someone sends it.
+/// (Smaller is fine: embeddings are often padded to a round row count.)
 pub fn vocab_size(file: &GgufFile, n_embd: usize) -> Result<usize, ModelError> {
     let info = file
         .tensor_info("token_embd.weight")
@@ -74,8 +102,27 @@ pub fn vocab_size(file: &GgufFile, n_embd: usize) -> Result<usize, ModelError> {
             found: info.dims.clone(),
         });
     }
-    Ok(info.dims[1] as usize)
+    let n_vocab = usize::try_from(info.dims[1]).unwrap_or(usize::MAX);
+    if n_vocab > limits::MAX_VOCAB {
+        return Err(ModelError::TensorShape {
+            name: "token_embd.weight".into(),
+            expected: vec![n_embd as u64, limits::MAX_VOCAB as u64],
+            found: info.dims.clone(),
+        });
+    }
+    if let Some(redlite_gguf::MetadataValue::Array(a)) = file.metadata().get(TOKENS) {
+        if a.values.len() > n_vocab {
+            return Err(ModelError::VocabMismatch {
+                tokens: a.values.len(),
+                rows: n_vocab,
+            });
+        }
+    }
+    Ok(n_vocab)
 }
+
+/// The tokenizer's vocabulary key.
+const TOKENS: &str = "tokenizer.ggml.tokens";
 
 /// `token_embd`, `output_norm`, and `output` (tied to `token_embd` when absent).
 pub fn load_embd_head(
@@ -84,9 +131,15 @@ pub fn load_embd_head(
     n_vocab: usize,
 ) -> Result<(Weight, Vec<f32>, Weight), ModelError> {
     let tok = Weight::require(file, S::req("token_embd.weight", &[d, n_vocab]))?;
+    check_sampled_rows(file, &tok)?;
     let norm = load_f32(file, S::req("output_norm.weight", &[d]))?;
-    let out =
-        Weight::load(file, &S::opt("output.weight", &[d, n_vocab]))?.unwrap_or_else(|| tok.clone());
+    let out = match Weight::load(file, &S::opt("output.weight", &[d, n_vocab]))? {
+        Some(out) => {
+            check_sampled_rows(file, &out)?;
+            out
+        }
+        None => tok.clone(),
+    };
     Ok((tok, norm, out))
 }
 
@@ -135,7 +188,9 @@ pub fn embed(file: &GgufFile, tok_embd: &Weight, tokens: &[u32]) -> Result<Vec<f
                 n_vocab: m.rows,
             });
         }
-        m.dequantize_row(t as usize, &mut x[i * d..(i + 1) * d])?;
+        let row = &mut x[i * d..(i + 1) * d];
+        m.dequantize_row(t as usize, row)?;
+        check_finite(&tok_embd.name, row, t as usize * d)?;
     }
     Ok(x)
 }

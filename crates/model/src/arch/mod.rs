@@ -3,6 +3,7 @@
 //! variant, and an arm in each match below.
 
 pub mod common;
+pub mod limits;
 pub mod qwen2;
 pub mod qwen3next;
 
@@ -65,6 +66,15 @@ impl Arch {
         match self {
             Arch::Qwen3Next(m) => m.cfg.n_layer,
             Arch::Qwen2(m) => m.cfg.n_layer,
+        }
+    }
+
+    /// (KV heads, head dimension) of the attention layers: what one
+    /// position of the KV cache holds per layer, for K and for V.
+    pub fn kv_dims(&self) -> (usize, usize) {
+        match self {
+            Arch::Qwen3Next(m) => (m.cfg.n_head_kv, m.cfg.head_dim),
+            Arch::Qwen2(m) => (m.cfg.n_head_kv, m.cfg.head_dim),
         }
     }
 

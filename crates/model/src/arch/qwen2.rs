@@ -14,6 +14,7 @@
 //! at load rather than run with the wrong positions.
 
 use super::common::{self, Meta};
+use super::limits::{self, MAX_CONTEXT, MAX_HEADS, MAX_HEAD_DIM, MAX_LAYERS, MAX_WIDTH};
 use crate::blocks::attention::{self, AttnParams, AttnWeights};
 use crate::blocks::moe::{DenseFfn, Route};
 use crate::exec::Exec;
@@ -47,27 +48,31 @@ impl Config {
     pub fn from_gguf(file: &GgufFile) -> Result<Config, ModelError> {
         let md = file.metadata();
         let m = Meta::new(md, ARCH);
-        let n_layer = m.usize("block_count")?;
-        let n_embd = m.usize("embedding_length")?;
-        let n_head = m.usize("attention.head_count")?;
-        if n_head == 0 {
-            return Err(m.bad("attention.head_count", "is 0".into()));
-        }
-        let n_head_kv = m.usize_or("attention.head_count_kv", n_head)?;
-        if n_head_kv == 0 || n_head % n_head_kv != 0 {
+        let n_layer = m.size("block_count", 1, MAX_LAYERS)?;
+        limits::check_layers(file, &m.key("block_count"), n_layer)?;
+        let n_embd = m.size("embedding_length", 1, MAX_WIDTH)?;
+        let n_head = m.size("attention.head_count", 1, MAX_HEADS)?;
+        let n_head_kv = m.size_or("attention.head_count_kv", n_head, 1, MAX_HEADS)?;
+        if n_head % n_head_kv != 0 {
             return Err(m.bad(
                 "attention.head_count_kv",
                 format!("{n_head_kv} does not divide {n_head} heads"),
             ));
         }
-        let head_dim = m.usize_or("attention.key_length", n_embd / n_head)?;
-        let v_dim = m.usize_or("attention.value_length", head_dim)?;
-        if v_dim != head_dim || head_dim % 2 != 0 || head_dim == 0 {
+        let head_dim = m.size_or("attention.key_length", n_embd / n_head, 1, MAX_HEAD_DIM)?;
+        let v_dim = m.size_or("attention.value_length", head_dim, 1, MAX_HEAD_DIM)?;
+        if v_dim != head_dim || head_dim % 2 != 0 {
             return Err(m.bad(
                 "attention.value_length",
                 format!("key length {head_dim} and value length {v_dim} must be equal and even"),
             ));
         }
+        let q_key = format!(
+            "{} × {}",
+            m.key("attention.head_count"),
+            m.key("attention.key_length")
+        );
+        limits::product(&q_key, &[n_head, head_dim], MAX_WIDTH * 4)?;
         let n_rot = m.usize_or("rope.dimension_count", head_dim)?;
         if n_rot != head_dim {
             return Err(m.bad(
@@ -89,13 +94,13 @@ impl Config {
             n_layer,
             n_embd,
             n_vocab: common::vocab_size(file, n_embd)?,
-            context_length: m.usize_or("context_length", 4096)?,
-            eps: m.f32_or("attention.layer_norm_rms_epsilon", 1e-6)?,
+            context_length: m.size_or("context_length", 4096, 1, MAX_CONTEXT)?,
+            eps: m.positive_or("attention.layer_norm_rms_epsilon", 1e-6)?,
             n_head,
             n_head_kv,
             head_dim,
-            rope_base: m.f32_or("rope.freq_base", 10000.0)?,
-            n_ff: m.usize("feed_forward_length")?,
+            rope_base: m.positive_or("rope.freq_base", 10000.0)?,
+            n_ff: m.size("feed_forward_length", 1, MAX_WIDTH)?,
         })
     }
 

@@ -13,6 +13,9 @@
 //! `ssm_norm`, whose HF form is already plain).
 
 use super::common::{self, Meta};
+use super::limits::{
+    self, MAX_CONTEXT, MAX_CONV_KERNEL, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM, MAX_LAYERS, MAX_WIDTH,
+};
 use crate::blocks::attention::{self, AttnParams, AttnWeights};
 use crate::blocks::deltanet::{self, DeltaNetParams, DeltaNetWeights, InProj};
 use crate::blocks::moe::{DenseFfn, ExpertsGateUp, MoeWeights, Route};
@@ -56,16 +59,22 @@ pub struct Config {
 }
 
 impl Config {
+    /// Every hyper-parameter, checked as a whole (ranges, divisibility,
+    /// products, the recurrent state against the file's size) before
+    /// anything is sized from them; tensor shapes are checked at load.
     pub fn from_gguf(file: &GgufFile) -> Result<Config, ModelError> {
         let m = Meta::new(file.metadata(), "qwen3next");
-        let n_layer = m.usize("block_count")?;
-        let n_embd = m.usize("embedding_length")?;
-        let n_head = m.usize("attention.head_count")?;
-        let head_dim = m.usize_or("attention.key_length", n_embd / n_head.max(1))?;
+        let n_layer = m.size("block_count", 1, MAX_LAYERS)?;
+        limits::check_layers(file, &m.key("block_count"), n_layer)?;
+        let n_embd = m.size("embedding_length", 1, MAX_WIDTH)?;
+        let n_head = m.size("attention.head_count", 1, MAX_HEADS)?;
+        let head_dim = m.size_or("attention.key_length", n_embd / n_head, 1, MAX_HEAD_DIM)?;
         let recurrent = match m.bool_array("attention.recurrent_layers")? {
             Some(v) => v,
             None => {
-                let iv = m.usize_or("full_attention_interval", 4)?.max(1);
+                let iv = m
+                    .size_or("full_attention_interval", 4, 0, MAX_LAYERS)?
+                    .max(1);
                 (0..n_layer).map(|i| (i + 1) % iv != 0).collect()
             }
         };
@@ -75,55 +84,98 @@ impl Config {
                 format!("has {} entries for {n_layer} layers", recurrent.len()),
             ));
         }
-        let n_v_heads = m.usize("ssm.time_step_rank")?;
-        let d_inner = m.usize("ssm.inner_size")?;
-        let n_k_heads = m.usize("ssm.group_count")?;
-        if n_v_heads == 0
-            || n_k_heads == 0
-            || n_v_heads % n_k_heads != 0
-            || d_inner % n_v_heads != 0
-        {
+        let n_v_heads = m.size("ssm.time_step_rank", 1, MAX_HEADS)?;
+        let d_inner = m.size("ssm.inner_size", 1, MAX_WIDTH)?;
+        let n_k_heads = m.size("ssm.group_count", 1, MAX_HEADS)?;
+        if n_v_heads % n_k_heads != 0 || d_inner % n_v_heads != 0 {
             return Err(m.bad(
                 "ssm.group_count",
                 format!("{n_k_heads} key heads, {n_v_heads} value heads, inner size {d_inner}: value heads must be a multiple of key heads and divide the inner size"),
             ));
         }
-        let n_head_kv = m.usize_or("attention.head_count_kv", n_head)?;
-        if n_head_kv == 0 || n_head % n_head_kv != 0 {
+        let head_v_dim = limits::in_range(
+            &format!(
+                "{} / {}",
+                m.key("ssm.inner_size"),
+                m.key("ssm.time_step_rank")
+            ),
+            d_inner / n_v_heads,
+            1,
+            MAX_HEAD_DIM,
+        )?;
+        let head_k_dim = m.size("ssm.state_size", 1, MAX_HEAD_DIM)?;
+        let conv_kernel = m.size("ssm.conv_kernel", 1, MAX_CONV_KERNEL)?;
+        let n_head_kv = m.size_or("attention.head_count_kv", n_head, 1, MAX_HEADS)?;
+        if n_head % n_head_kv != 0 {
             return Err(m.bad(
                 "attention.head_count_kv",
                 format!("{n_head_kv} does not divide {n_head} heads"),
             ));
         }
-        let n_expert = m.usize_or("expert_count", 0)?;
-        let ff_dense = m.usize_or("feed_forward_length", 0)?;
-        let n_expert_used = m.usize_or("expert_used_count", 0)?;
-        Ok(Config {
+        // Gated attention projects queries and gates: 2 × heads × head dim.
+        let q_key = format!(
+            "2 × {} × {}",
+            m.key("attention.head_count"),
+            m.key("attention.key_length")
+        );
+        limits::product(&q_key, &[2, n_head, head_dim], MAX_WIDTH * 8)?;
+        let n_rot = m.size_or("rope.dimension_count", head_dim, 0, head_dim)?;
+        if n_rot % 2 != 0 {
+            return Err(m.bad(
+                "rope.dimension_count",
+                format!("{n_rot} is odd: RoPE rotates pairs"),
+            ));
+        }
+        let n_expert = m.size_or("expert_count", 0, 0, MAX_EXPERTS)?;
+        let ff_dense = m.size_or("feed_forward_length", 0, 0, MAX_WIDTH)?;
+        let n_expert_used = m.size_or("expert_used_count", 0, 0, n_expert)?;
+        let ff_expert = m.size_or(
+            "expert_feed_forward_length",
+            ff_dense / n_expert_used.max(1),
+            0,
+            MAX_WIDTH,
+        )?;
+        let c = Config {
             n_layer,
             n_embd,
             n_vocab: common::vocab_size(file, n_embd)?,
-            context_length: m.usize_or("context_length", 4096)?,
-            eps: m.f32_or("attention.layer_norm_rms_epsilon", 1e-6)?,
+            context_length: m.size_or("context_length", 4096, 1, MAX_CONTEXT)?,
+            eps: m.positive_or("attention.layer_norm_rms_epsilon", 1e-6)?,
             n_head,
             n_head_kv,
             head_dim,
-            rope_base: m.f32_or("rope.freq_base", 10000.0)?,
-            n_rot: m.usize_or("rope.dimension_count", head_dim)?,
+            rope_base: m.positive_or("rope.freq_base", 10000.0)?,
+            n_rot,
             n_expert,
             n_expert_used,
-            ff_expert: m.usize_or(
-                "expert_feed_forward_length",
-                ff_dense / n_expert_used.max(1),
-            )?,
-            ff_shared: m.usize_or("expert_shared_feed_forward_length", 0)?,
+            ff_expert,
+            ff_shared: m.size_or("expert_shared_feed_forward_length", 0, 0, MAX_WIDTH)?,
             ff_dense,
-            conv_kernel: m.usize("ssm.conv_kernel")?,
+            conv_kernel,
             n_k_heads,
             n_v_heads,
-            head_k_dim: m.usize("ssm.state_size")?,
-            head_v_dim: d_inner / n_v_heads,
+            head_k_dim,
+            head_v_dim,
             recurrent,
-        })
+        };
+        limits::check_state(file, &m.key("ssm.*"), c.recurrent_state_bytes())?;
+        Ok(c)
+    }
+
+    /// Bytes of f32 state the DeltaNet layers of one session hold (the
+    /// conv window and the per-head state matrices), `None` on overflow.
+    pub fn recurrent_state_bytes(&self) -> Option<u64> {
+        let conv_dim = (2 * self.n_k_heads)
+            .checked_mul(self.head_k_dim)?
+            .checked_add(self.n_v_heads.checked_mul(self.head_v_dim)?)?;
+        let conv = (self.conv_kernel - 1).checked_mul(conv_dim)?;
+        let ssm = self
+            .n_v_heads
+            .checked_mul(self.head_k_dim)?
+            .checked_mul(self.head_v_dim)?;
+        let per_layer = (conv.checked_add(ssm)? as u64).checked_mul(4)?;
+        let n = self.recurrent.iter().filter(|&&r| r).count() as u64;
+        per_layer.checked_mul(n)
     }
 
     pub fn deltanet(&self) -> DeltaNetParams {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod npy;
+pub mod qwen2;
 
 use redlite_gguf::{GgmlType, GgufFile, GgufWriter, MetadataArray, MetadataValue, ValueType};
 use std::collections::BTreeMap;
@@ -52,6 +53,32 @@ pub struct Tiny {
     /// Type of the 2-D matmul weights.
     pub ty: GgmlType,
     pub seed: u64,
+}
+
+impl Tiny {
+    /// The smallest shapes that still have every kind of layer (a few KiB
+    /// of f32 weights): fuzzing seeds.
+    pub fn small() -> Tiny {
+        Tiny {
+            d: 8,
+            n_head: 2,
+            n_kv: 1,
+            hd: 4,
+            n_rot: 2,
+            recurrent: vec![true, false],
+            n_expert: 2,
+            n_used: 1,
+            ff_exp: 4,
+            ff_sh: 4,
+            conv: 2,
+            nk: 1,
+            nv: 1,
+            dk: 4,
+            dv: 4,
+            vocab: 8,
+            ..Tiny::default()
+        }
+    }
 }
 
 impl Default for Tiny {
@@ -275,10 +302,21 @@ impl Tiny {
 
     /// The GGUF bytes, with `edit` applied to the weights first.
     pub fn bytes_with(&self, edit: impl FnOnce(&mut TinyWeights)) -> Vec<u8> {
+        self.bytes_edit(edit, |_| {})
+    }
+
+    /// The GGUF bytes, with `edit` applied to the weights and `meta` to the
+    /// writer after the metadata (a key added again keeps the last value).
+    pub fn bytes_edit(
+        &self,
+        edit: impl FnOnce(&mut TinyWeights),
+        meta: impl FnOnce(&mut GgufWriter),
+    ) -> Vec<u8> {
         let mut tw = self.weights();
         edit(&mut tw);
         let mut w = GgufWriter::new();
         self.metadata(&mut w);
+        meta(&mut w);
         for (name, (dims, v)) in &tw.tensors {
             let quantize = self.ty == GgmlType::Q8_0
                 && dims.len() >= 2
