@@ -7,7 +7,7 @@
 # Red Lite: the `decode_speed` example (prefill PROMPT tokens, then DECODE
 # greedy tokens; it prints prefill tok/s and the median per-token decode).
 # llama.cpp: `llama-bench -p 512 -n 64 -r 1` per run (pp512 and tg64 rows),
-# from $LLAMA_BIN (default /work/llama/build/bin); `--no-repack`-free CPU
+# from $LLAMA_BIN (default $HOME/llama/build/bin); `--no-repack`-free CPU
 # build as made by the llama.cpp recipe in docs; skipped if absent.
 # Extra env: REDLITE_BIN (a decode_speed binary to use instead of building).
 set -euo pipefail
@@ -16,7 +16,7 @@ THREADS=${2:-2}
 RUNS=${3:-3}
 PROMPT=512
 DECODE=64
-LLAMA_BIN=${LLAMA_BIN:-/work/llama/build/bin}
+LLAMA_BIN=${LLAMA_BIN:-$HOME/llama/build/bin}
 cd "$(dirname "$0")/.."
 if [[ -z "${REDLITE_BIN:-}" ]]; then
   cargo build --release -q -p redlite-model --example decode_speed

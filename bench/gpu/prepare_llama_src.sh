@@ -11,7 +11,7 @@
 #   pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-SDIST="${1:-/work/cache/llama_cpp_python-0.3.36.tar.gz}"
+SDIST="${1:-$HOME/.cache/redlite/llama_cpp_python-0.3.36.tar.gz}"
 DEST="$ROOT/.llama-cuda-src"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
