@@ -8,7 +8,7 @@ use redlite_cuda::decoder::{CudaDecoder, DecoderOptions, ExpertCacheOptions};
 use redlite_cuda::device_plan::{plan_device, DevicePlanInput, ExpertSource};
 use redlite_cuda::ops::KvType;
 use redlite_cuda::parity::parity;
-use redlite_cuda::Gpu;
+use redlite_cuda::{CudaTuning, Gpu};
 use redlite_model::Model;
 use std::time::Instant;
 
@@ -22,6 +22,17 @@ fn tokens(seed: u64, n: usize, n_vocab: usize) -> Vec<u32> {
             ((s >> 33) % n_vocab as u64) as u32
         })
         .collect()
+}
+
+/// The CUDA tuning switches (`REDLITE_CUDA_*`, docs/cuda.md) from the
+/// environment, parsed once per process: the one place they are read.
+pub fn tuning() -> Result<CudaTuning> {
+    static T: std::sync::OnceLock<Result<CudaTuning, String>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        CudaTuning::from_lookup(|n| std::env::var(n).ok()).map_err(|e| format!("{e:#}"))
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
 }
 
 /// `--kv-type` (None: `KvType::default_for(int8)`: f16 with int8
@@ -104,7 +115,8 @@ pub fn results(
         .map(|&(p, n, d)| d + p + n + 2)
         .max()
         .unwrap_or(1);
-    let mut gpu = Gpu::new(0)?;
+    let tuning = tuning()?;
+    let mut gpu = Gpu::with_defines(0, &tuning.defines)?;
     gpu.pdl = !args.no_pdl;
     let int8 = !args.f32_activations;
     let kv = kv_type(args.kv_type.as_deref(), int8);
@@ -120,6 +132,7 @@ pub fn results(
             int8,
             kv_type: kv,
             expert_cache: cache,
+            tuning,
         },
     )?;
     eprintln!(
@@ -232,8 +245,10 @@ pub fn parity_cli(
     kl_max: f64,
     pdl: bool,
 ) -> Result<()> {
-    // Read once by the model crate: set before any model runs.
-    std::env::set_var("REDLITE_REFERENCE", "f32");
+    // The gated rows need the f32 reference arithmetic whatever
+    // REDLITE_REFERENCE said: set before any model runs.
+    redlite_quant::set_reference_mode(redlite_quant::ReferenceMode::F32);
+    let tuning = tuning()?;
     println!("| file | paths | steps | argmax agree | worst max abs dlogit | worst KL | router mismatches | greedy {n_greedy} identical | verdict |");
     println!("|---|---|---:|---:|---:|---:|---:|---|---|");
     let mut all = true;
@@ -250,9 +265,9 @@ pub fn parity_cli(
         ];
         for (reference, label) in rows {
             model.set_reference(reference);
-            let mut gpu = Gpu::new(0)?;
+            let mut gpu = Gpu::with_defines(0, &tuning.defines)?;
             gpu.pdl = pdl;
-            let p = parity(gpu, &model, &prompt, n_greedy, !reference)?;
+            let p = parity(gpu, &model, &prompt, n_greedy, !reference, &tuning)?;
             let ok = p.ok(kl_max);
             if reference {
                 all &= ok;
@@ -298,12 +313,13 @@ pub fn parity_cli(
         let name = path
             .file_name()
             .map_or(path.display().to_string(), |n| n.to_string_lossy().into());
-        let gpu = Gpu::new(0)?;
+        let gpu = Gpu::with_defines(0, &tuning.defines)?;
         for int8 in [true, false] {
             model.set_reference(!int8);
             let sizes: Vec<usize> = (k..e).collect();
-            let runs =
-                redlite_cuda::parity::cache_sweep(&gpu, &model, &prompt, n_greedy, int8, &sizes)?;
+            let runs = redlite_cuda::parity::cache_sweep(
+                &gpu, &model, &prompt, n_greedy, int8, &sizes, &tuning,
+            )?;
             for (pregate, from_file) in [(false, false), (true, false), (false, true)] {
                 let rs: Vec<_> = runs
                     .iter()

@@ -388,7 +388,8 @@ impl Runner {
         match device {
             #[cfg(feature = "cuda")]
             "cuda" => {
-                let mut gpu = redlite_cuda::Gpu::new(0)?;
+                let tuning = crate::cudabench::tuning()?;
+                let mut gpu = redlite_cuda::Gpu::with_defines(0, &tuning.defines)?;
                 gpu.pdl = pdl;
                 let kv = crate::cudabench::kv_type(kv_type, !f32_act);
                 let (cache, line) = crate::cudabench::device_plan(&gpu, model, mem, ctx, kv)?;
@@ -402,6 +403,7 @@ impl Runner {
                         int8: !f32_act,
                         kv_type: kv,
                         expert_cache: cache,
+                        tuning,
                     },
                 )?;
                 eprintln!(

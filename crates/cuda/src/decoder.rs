@@ -22,12 +22,9 @@
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Context, CudaError, Result};
 use crate::expert_cache::{read_counters, CacheCounters, HostExperts, HostSet, LayerCache};
-use crate::gemv::{
-    expert_image, q8_chunks_per_block, DeviceMatrix, ExpertStack, Q8Variant, Q8Vec, Variant,
-    DEFAULT_NR, Q8_TYPES,
-};
-use crate::layout::DeviceLayout;
+use crate::gemv::{expert_image, DeviceMatrix, ExpertStack, Q8Vec, DEFAULT_NR, Q8_TYPES};
 use crate::ops::{self, AttnDims, AttnScratch, GdnDims, GdnWeights, KvCache, KvType};
+pub use crate::tuning::CudaTuning;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 use rayon::prelude::*;
@@ -73,9 +70,11 @@ struct Capture<'a> {
     /// Profiling: a timing event recorded before each kernel class, with
     /// its label and the launch count at that point.
     marks: Option<Vec<(CudaEvent, &'static str, usize)>>,
+    /// The GEMV configurations.
+    tuning: &'a CudaTuning,
     /// Ablation (timing only): kernel classes whose launches are left out
-    /// of the graph, by label substring (`REDLITE_CUDA_ABLATE`).
-    ablate: Vec<String>,
+    /// of the graph, by label substring ([`CudaTuning::ablate`]).
+    ablate: &'a [String],
 }
 
 impl Capture<'_> {
@@ -110,6 +109,7 @@ impl Capture<'_> {
 /// one.
 fn mv(
     gpu: &Gpu,
+    t: &CudaTuning,
     m: &DeviceMatrix,
     x: &CudaSlice<f32>,
     xq: Option<&Q8Vec>,
@@ -117,152 +117,11 @@ fn mv(
 ) -> Result<()> {
     match xq {
         Some(q) if Q8_TYPES.contains(&m.layout.ty) && q.n >= m.cols => {
-            m.gemv_q8(gpu, q, y, q8_config(&m.layout, m.cols)?)
+            m.gemv_q8(gpu, q, y, t.q8_config(&m.layout, m.cols)?)
         }
-        _ if m.layout.ty == GgmlType::F32 => m.gemv(gpu, x, y, f32_variant()?),
+        _ if m.layout.ty == GgmlType::F32 => m.gemv(gpu, x, y, t.f32_gemv),
         _ => m.gemv(gpu, x, y, DEFAULT_NR),
     }
-}
-
-/// The kernel variant of the f32 GEMVs (the routers, 512 x 2048 in
-/// Qwen3-Next, and any matrix of a format without a kernel, dequantized
-/// to F32 at upload): `REDLITE_CUDA_F32_GEMV` = `r{1,2,4}` or `r{1,2,4}x2`, for
-/// A/B runs; default r1x2 (a warp per row, both of a lane's chunks loaded
-/// at once: twice the blocks of r2 for the routers' 513 rows; +3.3% decode
-/// on the H200, bench/RESULTS.md).
-fn f32_variant() -> Result<Variant> {
-    static V: std::sync::OnceLock<Option<Variant>> = std::sync::OnceLock::new();
-    let v =
-        V.get_or_init(|| parse_f32_variant(std::env::var("REDLITE_CUDA_F32_GEMV").ok().as_deref()));
-    v.ok_or_else(|| {
-        CudaError::Invalid("REDLITE_CUDA_F32_GEMV: expected r1, r2, r4, r1x2, r2x2 or r4x2".into())
-    })
-}
-
-/// A value of `REDLITE_CUDA_F32_GEMV` (None: unset, the default r1x2);
-/// None back for a value that names no variant.
-fn parse_f32_variant(v: Option<&str>) -> Option<Variant> {
-    let Some(s) = v else {
-        return Some(Variant::new(1, true));
-    };
-    let (nr, x2) = match s.strip_suffix("x2") {
-        Some(r) => (r, true),
-        None => (s, false),
-    };
-    let nr: u32 = nr.strip_prefix('r')?.parse().ok()?;
-    matches!(nr, 1 | 2 | 4).then(|| Variant::new(nr, x2))
-}
-
-/// The int8-activation GEMVs' configuration in the decode graph for a
-/// matrix of `layout` with `cols` columns, with overrides for A/B runs:
-/// rows per lane group `REDLITE_CUDA_Q8_NR` = 1, 2 or 4 (default
-/// [`DEFAULT_NR`]); lanes per row at most `REDLITE_CUDA_Q8_LANES` = 4, 8,
-/// 16 or 32 (default [`DECODE_Q8_LANES`]), for rows of more than 32 lane
-/// chunks (4096-wide inputs) `REDLITE_CUDA_Q8_LANES_WIDE` (the same
-/// values, default [`DECODE_Q8_LANES_WIDE`]).
-fn q8_config(layout: &DeviceLayout, cols: usize) -> Result<Q8Variant> {
-    let var = |n: &str| std::env::var(n).ok();
-    let nr = parse_choice(var("REDLITE_CUDA_Q8_NR").as_deref(), DEFAULT_NR, &[1, 2, 4])
-        .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_NR: expected 1, 2 or 4".into()))?;
-    let lanes = [4, 8, 16, 32];
-    let narrow = parse_choice(
-        var("REDLITE_CUDA_Q8_LANES").as_deref(),
-        DECODE_Q8_LANES,
-        &lanes,
-    )
-    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_Q8_LANES: expected 4, 8, 16 or 32".into()))?;
-    let wide = parse_choice(
-        var("REDLITE_CUDA_Q8_LANES_WIDE").as_deref(),
-        DECODE_Q8_LANES_WIDE,
-        &lanes,
-    )
-    .ok_or_else(|| {
-        CudaError::Invalid("REDLITE_CUDA_Q8_LANES_WIDE: expected 4, 8, 16 or 32".into())
-    })?;
-    let nch = layout.blocks_per_row(cols)? * q8_chunks_per_block(layout.ty);
-    Ok(Q8Variant {
-        max_lanes: if nch > 32 { wide } else { narrow },
-        ..Q8Variant::from(nr)
-    })
-}
-
-/// Whether a MoE layer's shared expert runs on a branch of the graph (its
-/// own stream, forked after the router's input is ready and joined before
-/// the combine; the default) or in the main chain of launches:
-/// `REDLITE_CUDA_SHARED_BRANCH` = 1 or 0, for an A/B (the branch was
-/// measured before PDL; with PDL the join may cost the combine its early
-/// launch).
-fn shared_branch() -> Result<bool> {
-    parse_choice(
-        std::env::var("REDLITE_CUDA_SHARED_BRANCH").ok().as_deref(),
-        1,
-        &[0, 1],
-    )
-    .map(|v| v == 1)
-    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_SHARED_BRANCH: expected 0 or 1".into()))
-}
-
-/// Whether a MoE layer's router GEMV and top-k run as one launch
-/// (`router_gemv_topk`, where the router is an F32 matrix):
-/// `REDLITE_CUDA_ROUTER_FUSED` = 1 (the default) or 0 (the GEMV, then
-/// `router_topk`), for an A/B.
-fn router_fused() -> Result<bool> {
-    parse_choice(
-        std::env::var("REDLITE_CUDA_ROUTER_FUSED").ok().as_deref(),
-        1,
-        &[0, 1],
-    )
-    .map(|v| v == 1)
-    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_ROUTER_FUSED: expected 0 or 1".into()))
-}
-
-/// At most 16 lanes a row in the decode graph's int8 GEMVs: a 2048-wide
-/// row's 32 chunks go two to a lane, so the big launches (q|k|v, the
-/// routed gate|up: 1,000-1,500 blocks of 8 rows) need half the blocks and
-/// fit in one wave of resident blocks. +3% decode on the H200 against 32
-/// lanes, and 8 lanes -10% (bench/RESULTS.md, fifth pass).
-const DECODE_Q8_LANES: u32 = 16;
-
-/// At most 32 lanes a row for the 4096-wide rows (the mixers' output
-/// projections): two chunks a lane, as the narrow rows at 16, in one loop
-/// step. +2.7% decode on the H200 against 16 (bench/RESULTS.md, sixth
-/// pass).
-const DECODE_Q8_LANES_WIDE: u32 = 32;
-
-/// An environment value that must be one of `allowed` (unset: `default`).
-fn parse_choice(v: Option<&str>, default: u32, allowed: &[u32]) -> Option<u32> {
-    match v {
-        None => Some(default),
-        Some(s) => s.parse().ok().filter(|n| allowed.contains(n)),
-    }
-}
-
-/// Ablation, a measuring tool (timing only, the outputs are wrong):
-/// `REDLITE_CUDA_ABLATE` = comma-separated substrings of kernel-class
-/// labels (the rows of `bench model --profile`, e.g. "top-k,DeltaNet:
-/// fused"); the matching classes' launches are left out of the token's
-/// graph, so the tok/s difference is what those kernels cost in the
-/// launch chain as it runs (the event profile cannot say that with PDL:
-/// its events break the chain).
-fn ablation() -> Result<Vec<String>> {
-    let v = std::env::var("REDLITE_CUDA_ABLATE").unwrap_or_default();
-    let parts = parse_ablation(&v);
-    if !parts.is_empty() {
-        // On stderr whatever the log level: these outputs must not be
-        // mistaken for real ones.
-        eprintln!(
-            "warning: REDLITE_CUDA_ABLATE: kernels of {parts:?} left out: timing only, outputs are wrong"
-        );
-    }
-    Ok(parts)
-}
-
-fn parse_ablation(v: &str) -> Vec<String> {
-    v.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
 }
 
 /// Room for `n` int8 activations when `on` (and `n` is whole blocks of 32).
@@ -322,9 +181,15 @@ impl Proj {
         (&self.groups[g].1, off)
     }
 
-    fn run(&mut self, gpu: &Gpu, x: &CudaSlice<f32>, xq: Option<&Q8Vec>) -> Result<()> {
+    fn run(
+        &mut self,
+        gpu: &Gpu,
+        t: &CudaTuning,
+        x: &CudaSlice<f32>,
+        xq: Option<&Q8Vec>,
+    ) -> Result<()> {
         for (m, y) in &mut self.groups {
-            mv(gpu, m, x, xq, y)?;
+            mv(gpu, t, m, x, xq, y)?;
         }
         Ok(())
     }
@@ -442,8 +307,9 @@ struct MoeOp {
     /// `router_gemv_topk`'s counter of finished blocks (0 between launches).
     topk_counter: CudaSlice<u32>,
     /// Whether the router GEMV and the top-k run as one launch
-    /// (`router_gemv_topk`; [`router_fused`], read when the graph's ops
-    /// are built).
+    /// (`router_gemv_topk`, where the router is an F32 matrix it takes:
+    /// +1.4% decode on the H200 against the two launches, docs/cuda.md);
+    /// otherwise the router GEMV, then `router_topk`.
     fused_router: bool,
     /// The post-mixer RMSNorm (weights, eps) computed inside the fused
     /// router launch ([`fuse_router_norms`]); the combine then adds the
@@ -523,18 +389,9 @@ fn fuse_norms(ops: Vec<Op>) -> Vec<Op> {
 /// Fold each post-mixer Norm (with the residual add) into the fused
 /// router launch of the MoE op after it, where that launch runs and its
 /// combine takes the deferred residual add (the fused next norm, d % 8 ==
-/// 0, d <= 4096): one launch fewer per layer. `REDLITE_CUDA_ROUTER_NORM=0`
-/// keeps them apart (an A/B).
-fn fuse_router_norms(ops: Vec<Op>, d: usize) -> Result<Vec<Op>> {
-    let on = parse_choice(
-        std::env::var("REDLITE_CUDA_ROUTER_NORM").ok().as_deref(),
-        1,
-        &[0, 1],
-    )
-    .ok_or_else(|| CudaError::Invalid("REDLITE_CUDA_ROUTER_NORM: expected 0 or 1".into()))?;
-    if on == 0 {
-        return Ok(ops);
-    }
+/// 0, d <= 4096): one launch fewer per layer (+1.4% decode on the H200
+/// against the norm as its own launch, docs/cuda.md).
+fn fuse_router_norms(ops: Vec<Op>, d: usize) -> Vec<Op> {
     let fits = |m: &MoeOp| {
         m.fused_router
             && m.next_norm.is_some()
@@ -567,7 +424,7 @@ fn fuse_router_norms(ops: Vec<Op>, d: usize) -> Result<Vec<Op>> {
         }
     }
     out.extend(pending);
-    Ok(out)
+    out
 }
 
 impl FfnOp {
@@ -596,43 +453,45 @@ impl FfnOp {
     }
 
     /// `out = down(SiLU(gate h) * up h)`.
-    fn run(&mut self, gpu: &Gpu, h: &CudaSlice<f32>, hq: Option<&Q8Vec>) -> Result<()> {
+    fn run(
+        &mut self,
+        gpu: &Gpu,
+        t: &CudaTuning,
+        h: &CudaSlice<f32>,
+        hq: Option<&Q8Vec>,
+    ) -> Result<()> {
         let ff = self.gate.rows;
         match (&mut self.gu, hq) {
             (Some(gu), Some(hq)) if hq.n >= self.gate.cols => {
-                let v = q8_config(&self.gate.layout, self.gate.cols)?;
+                let v = t.q8_config(&self.gate.layout, self.gate.cols)?;
                 self.gate.gemv_q8_pair(&self.up, gpu, hq, gu, v)?;
                 ops::swiglu(gpu, (gu, 0), (gu, ff), &self.g, self.gq.as_ref(), ff)?;
             }
             _ => {
-                mv(gpu, &self.gate, h, hq, &mut self.g)?;
-                mv(gpu, &self.up, h, hq, &mut self.u)?;
+                mv(gpu, t, &self.gate, h, hq, &mut self.g)?;
+                mv(gpu, t, &self.up, h, hq, &mut self.u)?;
                 ops::swiglu(gpu, (&self.g, 0), (&self.u, 0), &self.g, None, ff)?;
                 quantize(gpu, &mut self.gq, &self.g)?;
             }
         }
-        mv(gpu, &self.down, &self.g, self.gq.as_ref(), &mut self.out)
+        mv(gpu, t, &self.down, &self.g, self.gq.as_ref(), &mut self.out)
     }
 }
 
 impl MoeOp {
     /// Record the shared expert on its own stream, forked from the main
-    /// one here (h is ready); the event to join it on.
+    /// one here (h is ready); the event to join it on. A branch of the
+    /// graph beside the router and routed experts: 5.9 µs a layer faster
+    /// on the H200 than in the main chain (docs/what-did-not-work.md).
     fn fork_shared(&mut self, gpu: &Gpu, b: &Bufs, cap: &mut Capture) -> Result<Option<CudaEvent>> {
         let Some(s) = &mut self.shared else {
             return Ok(None);
         };
-        if !shared_branch()? {
-            // In the main chain (an A/B against the branch's join).
-            cap.mark(gpu, "MoE: shared expert (in the main chain)")?;
-            s.run(gpu, &b.h, b.hq.as_ref())?;
-            return Ok(None);
-        }
         let side = cap.shared;
         let ev = gpu.stream.record_event(None)?;
         side.stream.wait(&ev)?;
         cap.events.push(ev);
-        s.run(side, &b.h, b.hq.as_ref())?;
+        s.run(side, cap.tuning, &b.h, b.hq.as_ref())?;
         Ok(Some(side.stream.record_event(None)?))
     }
 
@@ -690,11 +549,11 @@ impl MoeOp {
                 &m.w,
             )?;
             for (mat, y) in m.router.groups.iter_mut().skip(1) {
-                mv(gpu, mat, &b.h, hq, y)?;
+                mv(gpu, cap.tuning, mat, &b.h, hq, y)?;
             }
         } else {
             cap.mark(gpu, "MoE: router (+ shared-expert gate, pre-gating) GEMV")?;
-            m.router.run(gpu, &b.h, hq)?;
+            m.router.run(gpu, cap.tuning, &b.h, hq)?;
         }
         // The previous layer's prefetch into this layer's slots.
         let wait = cap.pending.take();
@@ -792,7 +651,7 @@ impl Op {
             }
             Op::Attn(a) => {
                 cap.mark(gpu, "attention: q|k|v GEMV")?;
-                a.qkv.run(gpu, &b.h, b.hq.as_ref())?;
+                a.qkv.run(gpu, cap.tuning, &b.h, b.hq.as_ref())?;
                 cap.mark(
                     gpu,
                     "attention: q/k norm + RoPE + KV append, split-K attention, merge",
@@ -826,11 +685,11 @@ impl Op {
                     a.scale,
                 )?;
                 cap.mark(gpu, "attention: output GEMV")?;
-                mv(gpu, &a.wo, &a.o, a.oq.as_ref(), &mut b.mix)
+                mv(gpu, cap.tuning, &a.wo, &a.o, a.oq.as_ref(), &mut b.mix)
             }
             Op::Gdn(g) => {
                 cap.mark(gpu, "DeltaNet: qkv|z|ba GEMV")?;
-                g.inp.run(gpu, &b.h, b.hq.as_ref())?;
+                g.inp.run(gpu, cap.tuning, &b.h, b.hq.as_ref())?;
                 cap.mark(
                     gpu,
                     "DeltaNet: fused step (conv, norms, gates, state, gated norm)",
@@ -857,7 +716,7 @@ impl Op {
                     L2_EPS,
                 )?;
                 cap.mark(gpu, "DeltaNet: output GEMV")?;
-                mv(gpu, &g.w_out, &g.o, g.oq.as_ref(), &mut b.mix)
+                mv(gpu, cap.tuning, &g.w_out, &g.o, g.oq.as_ref(), &mut b.mix)
             }
             Op::Moe(m) => {
                 let hq = b.hq.as_ref();
@@ -893,7 +752,7 @@ impl Op {
                 let kf = k * ff;
                 match (&mut m.ygu, hq) {
                     (Some(ygu), Some(hq)) => {
-                        let v = q8_config(&x.gate.layout, x.gate.cols)?;
+                        let v = cap.tuning.q8_config(&x.gate.layout, x.gate.cols)?;
                         ExpertStack::gemv_gate_up_q8(&x.gate, &x.up, gpu, &m.slots, k, hq, ygu, v)?;
                         cap.mark(gpu, "MoE: routed experts SwiGLU")?;
                         ops::swiglu(gpu, (ygu, 0), (ygu, kf), &m.yg, m.actq.as_ref(), kf)?;
@@ -916,7 +775,7 @@ impl Op {
                             q,
                             ff,
                             &mut m.yd,
-                            q8_config(&x.down.layout, ff)?,
+                            cap.tuning.q8_config(&x.down.layout, ff)?,
                         )?;
                     }
                     None => x
@@ -950,7 +809,7 @@ impl Op {
             }
             Op::Dense(f) => {
                 cap.mark(gpu, "dense FFN")?;
-                f.run(gpu, &b.h, b.hq.as_ref())?;
+                f.run(gpu, cap.tuning, &b.h, b.hq.as_ref())?;
                 ops::add_inplace(gpu, &b.x, &f.out, d)
             }
             Op::Head { norm, eps, w } => {
@@ -959,7 +818,7 @@ impl Op {
                 if let Some(n) = norm {
                     ops::rms_norm(gpu, &b.x, None, n, Some(&b.h), hq, 1, d, *eps, false)?;
                 }
-                mv(gpu, w, &b.h, hq, &mut b.logits)
+                mv(gpu, cap.tuning, w, &b.h, hq, &mut b.logits)
             }
         }
     }
@@ -1221,7 +1080,7 @@ impl Builder<'_> {
         }
         let refs: Vec<&Weight> = parts.iter().collect();
         let router = Proj::new(gpu, f, &refs)?;
-        let fused_router = router_fused()? && ops::router_gemv_topk_fits(&router.groups[0].0, e);
+        let fused_router = ops::router_gemv_topk_fits(&router.groups[0].0, e);
         Ok(Op::Moe(Box::new(MoeOp {
             router,
             router_parts: parts,
@@ -1339,6 +1198,8 @@ pub struct DecoderOptions {
     pub kv_type: KvType,
     /// A bounded expert cache (None: every expert resident).
     pub expert_cache: Option<ExpertCacheOptions>,
+    /// The tuning switches (GEMV configurations, ablation).
+    pub tuning: CudaTuning,
 }
 
 /// Where one decode token's GPU time goes ([`CudaDecoder::profile`]).
@@ -1409,6 +1270,7 @@ pub struct CudaDecoder {
     /// The stream shared experts run on (another branch).
     shared_side: Gpu,
     cache: Option<ExpertCacheOptions>,
+    tuning: CudaTuning,
     /// Device bytes of the uploaded weights and state.
     pub device_bytes: usize,
 }
@@ -1421,6 +1283,7 @@ impl CudaDecoder {
             opts.ctx >= 1 && opts.ctx <= i32::MAX as usize,
             "context size"
         );
+        opts.tuning.check()?;
         gpu.ctx.bind_to_thread()?;
         let (free0, _) = cudarc::driver::result::mem_get_info()?;
         let mut b = Builder {
@@ -1446,7 +1309,7 @@ impl CudaDecoder {
         let (embd, n_vocab) = (b.embd, b.n_vocab);
         let embd = embd.context("the stages never embedded the token")?;
         let d = embd.cols();
-        let ops = fuse_router_norms(fuse_norms(b.ops), d)?;
+        let ops = fuse_router_norms(fuse_norms(b.ops), d);
         let bufs = Bufs {
             x: gpu.stream.alloc_zeros(d)?,
             h: gpu.stream.alloc_zeros(d)?,
@@ -1475,6 +1338,7 @@ impl CudaDecoder {
             side,
             shared_side,
             cache: opts.expert_cache,
+            tuning: opts.tuning.clone(),
             device_bytes: free0.saturating_sub(free1),
         };
         dec.capture()?;
@@ -1484,6 +1348,14 @@ impl CudaDecoder {
     fn capture(&mut self) -> Result<()> {
         let gpu = &self.gpu;
         gpu.sync()?;
+        if !self.tuning.ablate.is_empty() {
+            // On stderr whatever the log level: these outputs must not be
+            // mistaken for real ones.
+            eprintln!(
+                "warning: REDLITE_CUDA_ABLATE: kernels of {:?} left out: timing only, outputs are wrong",
+                self.tuning.ablate
+            );
+        }
         let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         let flags = CUgraphInstantiate_flags(0);
         let mut cap = Capture {
@@ -1492,7 +1364,8 @@ impl CudaDecoder {
             pending: None,
             events: Vec::new(),
             marks: None,
-            ablate: ablation()?,
+            tuning: &self.tuning,
+            ablate: &self.tuning.ablate,
         };
         let (mut graphs, mut points) = (Vec::new(), Vec::new());
         gpu.stream.begin_capture(mode)?;
@@ -1606,7 +1479,8 @@ impl CudaDecoder {
             pending: None,
             events: Vec::new(),
             marks: Some(Vec::new()),
-            ablate: Vec::new(),
+            tuning: &self.tuning,
+            ablate: &[],
         };
         gpu.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
@@ -1811,43 +1685,5 @@ impl CudaDecoder {
         }
         self.pos += 1;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn f32_variant_names() {
-        assert_eq!(parse_f32_variant(None), Some(Variant::new(1, true)));
-        assert_eq!(parse_f32_variant(Some("r2")), Some(Variant::new(2, false)));
-        assert_eq!(parse_f32_variant(Some("r4x2")), Some(Variant::new(4, true)));
-        for bad in ["", "r3", "2", "r1x3", "rx2", "r8x2"] {
-            assert_eq!(parse_f32_variant(Some(bad)), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn q8_config_values() {
-        assert_eq!(parse_choice(None, 2, &[1, 2, 4]), Some(2));
-        assert_eq!(parse_choice(Some("4"), 2, &[1, 2, 4]), Some(4));
-        assert_eq!(parse_choice(Some("16"), 32, &[4, 8, 16, 32]), Some(16));
-        for bad in ["", "3", "8", "r2", "-1"] {
-            assert_eq!(parse_choice(Some(bad), 2, &[1, 2, 4]), None, "{bad}");
-        }
-        // the on/off switches (REDLITE_CUDA_SHARED_BRANCH, _ROUTER_FUSED)
-        assert_eq!(parse_choice(Some("0"), 1, &[0, 1]), Some(0));
-        assert_eq!(parse_choice(None, 1, &[0, 1]), Some(1));
-        assert_eq!(parse_choice(Some("on"), 1, &[0, 1]), None);
-    }
-
-    #[test]
-    fn ablation_labels() {
-        assert!(parse_ablation("").is_empty());
-        assert_eq!(
-            parse_ablation(" top-k, ,DeltaNet: fused "),
-            ["top-k", "DeltaNet: fused"]
-        );
     }
 }

@@ -52,8 +52,14 @@ impl<T: DeviceRepr> KernelArg for T {
 
 impl Gpu {
     /// Open device `ordinal` (loads libcuda and libnvrtc at run time) and
-    /// compile every kernel file.
+    /// compile every kernel file with its own tuning constants.
     pub fn new(ordinal: usize) -> Result<Self> {
+        Self::with_defines(ordinal, &[])
+    }
+
+    /// [`Gpu::new`] with NVRTC `-D` overrides of the kernels' `#ifndef`
+    /// tuning constants ([`crate::tuning::CudaTuning::defines`]).
+    pub fn with_defines(ordinal: usize, defines: &[String]) -> Result<Self> {
         // cudarc panics when libcuda cannot be loaded: make that an error
         // (the panic's own message is kept off stderr meanwhile).
         let hook = std::panic::take_hook();
@@ -80,7 +86,7 @@ impl Gpu {
         // captured into graphs.
         let stream = ctx.new_stream()?;
         let t = std::time::Instant::now();
-        let ptxs = kernels::compile_all()?;
+        let ptxs = kernels::compile_all(defines)?;
         let mut funcs = HashMap::new();
         for (file, ptx) in kernels::FILES.iter().zip(ptxs) {
             let module = ctx

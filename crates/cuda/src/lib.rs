@@ -52,16 +52,19 @@ pub mod selftest;
 pub mod selftest_ops;
 pub mod tables_cuh;
 pub mod testdata;
+pub mod tuning;
 
 pub use device::Gpu;
 pub use error::{CudaError, Result};
 pub use gemv::{DeviceMatrix, ExpertStack};
+pub use tuning::CudaTuning;
 
 /// `redlite selftest`: open GPU 0, run every kernel against float64
 /// references, print the table. Errors if any kernel fails. `pdl`: every
-/// launch with programmatic dependent launch ([`Gpu::pdl`]).
-pub fn selftest_cli(pdl: bool) -> Result<()> {
-    let mut gpu = Gpu::new(0)?;
+/// launch with programmatic dependent launch ([`Gpu::pdl`]); the kernels
+/// compiled with `tuning`'s defines.
+pub fn selftest_cli(pdl: bool, tuning: &CudaTuning) -> Result<()> {
+    let mut gpu = Gpu::with_defines(0, &tuning.defines)?;
     gpu.pdl = pdl;
     let rows = selftest::run(&gpu, 0x2e4d_11fe)?;
     error::ensure!(selftest::print(&gpu, &rows), "CUDA selftest failed");
@@ -71,9 +74,10 @@ pub fn selftest_cli(pdl: bool) -> Result<()> {
 /// `redlite bench kernels`: copy bandwidth, then every GEMV kernel and
 /// shape at 1, 2 and 4 rows per warp, one or two chunks per step, the
 /// int8-activation kernels, decode attention and the DeltaNet step
-/// (`decode_only`: only the last two). `pdl`: as for [`selftest_cli`].
-pub fn bench_cli(decode_only: bool, pdl: bool) -> Result<()> {
-    let mut gpu = Gpu::new(0)?;
+/// (`decode_only`: only the last two). `pdl`, `tuning`: as for
+/// [`selftest_cli`].
+pub fn bench_cli(decode_only: bool, pdl: bool, tuning: &CudaTuning) -> Result<()> {
+    let mut gpu = Gpu::with_defines(0, &tuning.defines)?;
     gpu.pdl = pdl;
     let copy = bench::copy_bandwidth(&gpu)?;
     let rows = if decode_only {
