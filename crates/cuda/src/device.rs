@@ -1,8 +1,11 @@
-//! The device: one context, one stream, the compiled kernels.
+//! The device: one context, one stream, the compiled kernels; and the
+//! raw-address and launch-shape helpers every launch wrapper uses.
 
-use crate::error::{Context, CudaError, Result};
+use crate::error::{ensure, Context, CudaError, Result};
 use crate::kernels;
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -228,4 +231,43 @@ impl Gpu {
         self.ctx.check_err()?;
         Ok(())
     }
+}
+
+/// The raw device address of a buffer (0 for `None`: a null pointer).
+pub fn dptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
+    match s {
+        Some(s) => s.device_ptr(&gpu.stream).0,
+        None => 0,
+    }
+}
+
+/// A vector inside a buffer: the buffer and the offset (in floats) where
+/// the vector starts (several GEMV outputs share one buffer when their
+/// matrices are uploaded as one).
+pub type At<'a> = (&'a CudaSlice<f32>, usize);
+
+/// The raw address of `a` (checked to hold `n` floats).
+pub fn at_ptr(gpu: &Gpu, a: At, n: usize) -> Result<u64> {
+    ensure!(
+        a.0.len() >= a.1 + n,
+        "buffer of {} floats holds no {n} at {}",
+        a.0.len(),
+        a.1
+    );
+    Ok(dptr(gpu, Some(a.0)) + 4 * a.1 as u64)
+}
+
+/// A launch of `grid` blocks of `block` threads, no dynamic shared memory.
+pub fn cfg(grid: (u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid.0, grid.1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `n` as a kernel's `int` argument (an error past `i32::MAX`).
+pub fn i32_of(n: usize) -> Result<i32> {
+    ensure!(n <= i32::MAX as usize, "size {n} exceeds i32");
+    Ok(n as i32)
 }

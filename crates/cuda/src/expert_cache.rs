@@ -29,10 +29,10 @@
 //! tests check it against eviction orders worked out by hand, and
 //! `redlite selftest` checks the kernel against it.
 
+use crate::device::dptr;
 use crate::device::Gpu;
 use crate::error::{ensure, Context, Result};
 use crate::gemv::ExpertStack;
-use crate::ops::dptr;
 use cudarc::driver::{CudaSlice, LaunchConfig, PinnedHostSlice};
 use rayon::prelude::*;
 

@@ -1,9 +1,9 @@
 //! Decode GEMV launches: one matrix, or routed experts through slots.
 
+use crate::device::dptr;
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Result};
 use crate::layout::{layout, to_device_bytes, upload_layout, DeviceLayout};
-use crate::ops::dptr;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use redlite_gguf::GgmlType;
 
