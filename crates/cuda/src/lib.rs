@@ -22,7 +22,8 @@
 //! - [`decoder`]: a whole decode token as one CUDA graph, recorded from the
 //!   architecture's stages (`redlite_model::stages`), weights and state
 //!   resident on the device; [`parity`] checks it against the CPU engine.
-//! - [`selftest`] / [`selftest_ops`] and [`crate::bench`]: `redlite selftest`,
+//! - [`selftest`] (GEMVs; `selftest::ops`, the other kernels;
+//!   `selftest::expert_cache`) and [`crate::bench`]: `redlite selftest`,
 //!   `redlite bench kernels`.
 //!
 //! libcuda and libnvrtc are loaded at run time (cudarc `dynamic-loading`):
@@ -42,6 +43,7 @@ pub mod device_plan;
 pub mod error;
 pub mod expert_cache;
 pub mod gemv;
+#[cfg(test)]
 mod kernel_model;
 pub mod kernels;
 pub mod layout;
@@ -49,7 +51,6 @@ pub mod ops;
 pub mod parity;
 pub mod reference;
 pub mod selftest;
-pub mod selftest_ops;
 pub mod tables_cuh;
 pub mod testdata;
 pub mod tuning;
