@@ -17,11 +17,15 @@
 //!   yet measured.
 //! - [`ops`]: the other decode kernels (RMSNorm, attention input, split-K
 //!   grouped attention + merge, the fused Gated DeltaNet step, router
-//!   top-k, SwiGLU / MoE combine), each with a float64 reference in
-//!   [`crate::reference`].
+//!   top-k, SwiGLU / MoE combine), one module per kernel file, each with a
+//!   float64 reference in [`crate::reference`].
+//! - [`device`]: the GPU handle, the one launch path, raw-address helpers.
 //! - [`decoder`]: a whole decode token as one CUDA graph, recorded from the
 //!   architecture's stages (`redlite_model::stages`), weights and state
-//!   resident on the device; [`parity`] checks it against the CPU engine.
+//!   resident on the device (its module docs map its files); [`parity`]
+//!   checks it against the CPU engine.
+//! - [`tuning`]: [`CudaTuning`], every switch of the backend, parsed once
+//!   by the caller (the crate reads no environment variable).
 //! - [`selftest`] (GEMVs; `selftest::ops`, the other kernels;
 //!   `selftest::expert_cache`) and [`crate::bench`]: `redlite selftest`,
 //!   `redlite bench kernels`.
