@@ -75,7 +75,7 @@ pub(super) struct MoeOp {
     /// otherwise the router GEMV, then `router_topk`.
     pub(super) fused_router: bool,
     /// The post-mixer RMSNorm (weights, eps) computed inside the fused
-    /// router launch ([`fuse_router_norms`]); the combine then adds the
+    /// router launch (`fusion::fuse_router_norms`); the combine then adds the
     /// mixer's output to the residual.
     pub(super) in_norm: Option<(CudaSlice<f32>, f32)>,
     /// The next stage's RMSNorm (weights, eps, whether h is also wanted as

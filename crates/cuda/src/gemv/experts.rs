@@ -252,7 +252,7 @@ impl ExpertStack {
         )
     }
 
-    /// [`Self::gemv`] with int8 activations ([`Q8_TYPES`]): `x_stride`
+    /// [`Self::gemv`] with int8 activations ([`super::Q8_TYPES`]): `x_stride`
     /// (values) 0 or `cols`, a multiple of 32.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_q8(

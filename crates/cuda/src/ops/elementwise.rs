@@ -64,7 +64,7 @@ pub struct NextNorm<'a> {
 /// `d` values; the shared expert and its gate optional); with `norm`, also
 /// `h = RMSNorm(x)·norm.w` in the same launch. `mix` (with `norm`, d % 8
 /// == 0 and d <= 4096 only): the mixer's output, added to x first, for a
-/// layer whose post-mixer norm ran in [`router_gemv_topk`].
+/// layer whose post-mixer norm ran in [`crate::ops::router_gemv_topk`].
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
     gpu: &Gpu,

@@ -61,7 +61,7 @@ pub const ROUTER_MAX_N: usize = 1024;
 /// a word that is 0 between launches (the kernel leaves it so). With
 /// `in_norm`, x is not read but written: `x = RMSNorm(resid + mix)·w`
 /// (and as int8 into `q8`), computed in the same launch; `resid` is left
-/// as it was (the combine adds `mix`: [`moe_combine`]).
+/// as it was (the combine adds `mix`: [`crate::ops::moe_combine`]).
 #[allow(clippy::too_many_arguments)]
 pub fn router_gemv_topk(
     gpu: &Gpu,
