@@ -3,6 +3,7 @@
 //! expert cache against full residency.
 
 use anyhow::{ensure, Context, Result};
+use redlite_cuda::CudaTuning;
 use redlite_cuda::Gpu;
 use redlite_engine::parity::compare;
 use redlite_engine::{Activations, BackendOptions, Device, Engine, MemoryRequest};
@@ -18,6 +19,15 @@ fn tokens(seed: u64, n: usize, n_vocab: usize) -> Vec<u32> {
             ((s >> 33) % n_vocab as u64) as u32
         })
         .collect()
+}
+
+/// [`tuning_vars`] parsed (for the CUDA tools that run below the engine:
+/// selftest, bench kernels, the cache sweep).
+pub fn tuning() -> Result<CudaTuning> {
+    let vars = crate::tuning_vars();
+    Ok(CudaTuning::from_lookup(|n| {
+        vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
+    })?)
 }
 
 /// The prompts of one file: `texts` through its tokenizer (in its chat
@@ -86,8 +96,10 @@ pub fn parity_cli(
     pdl: bool,
     texts: &[String],
 ) -> Result<()> {
-    // Read once by the model crate: set before any model runs.
-    std::env::set_var("REDLITE_REFERENCE", "f32");
+    // The gated rows need the f32 reference arithmetic whatever
+    // REDLITE_REFERENCE said: set before any model runs.
+    redlite_quant::set_reference_mode(redlite_quant::ReferenceMode::F32);
+    let tuning = tuning()?;
     println!("| file | prompt | paths | steps | argmax agree | worst max abs dlogit | worst KL | router mismatches | greedy {n_greedy} identical | verdict |");
     println!("|---|---|---|---:|---:|---:|---:|---:|---|---|");
     let mut all = true;
@@ -113,6 +125,7 @@ pub fn parity_cli(
                         Activations::Int8
                     },
                     pdl,
+                    tuning: crate::tuning_vars(),
                     ..Default::default()
                 };
                 let mut gpu = engine(&file, reference, &gpu_opts, ctx)?;
@@ -162,6 +175,7 @@ pub fn parity_cli(
         let opts = BackendOptions {
             device: Device::Cuda,
             pdl,
+            tuning: crate::tuning_vars(),
             ..Default::default()
         };
         let mut gpu = engine(&file, false, &opts, ctx)?;
@@ -197,12 +211,13 @@ pub fn parity_cli(
         let name = path
             .file_name()
             .map_or(path.display().to_string(), |n| n.to_string_lossy().into());
-        let gpu = Gpu::new(0)?;
+        let gpu = Gpu::with_defines(0, &tuning.defines)?;
         for int8 in [true, false] {
             model.set_reference(!int8);
             let sizes: Vec<usize> = (k..e).collect();
-            let runs =
-                redlite_cuda::parity::cache_sweep(&gpu, &model, &prompt, n_greedy, int8, &sizes)?;
+            let runs = redlite_cuda::parity::cache_sweep(
+                &gpu, &model, &prompt, n_greedy, int8, &sizes, &tuning,
+            )?;
             for (pregate, from_file) in [(false, false), (true, false), (false, true)] {
                 let rs: Vec<_> = runs
                     .iter()

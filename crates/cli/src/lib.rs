@@ -8,3 +8,13 @@ pub mod memory;
 pub mod modelbench;
 pub mod quantbench;
 pub mod residency;
+
+/// The GPU tuning switches (`REDLITE_CUDA_*`, docs/cuda.md) in the
+/// environment, as (name, value) pairs: the one place they are read. The
+/// engine's CUDA backend parses them into a typed `CudaTuning` once, when
+/// it opens, and names a bad one.
+pub fn tuning_vars() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("REDLITE_CUDA_"))
+        .collect()
+}

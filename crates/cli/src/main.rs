@@ -125,7 +125,20 @@ fn main() -> Result<()> {
                 .unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    match &mut cli.command {
+        Command::Generate(a) => a.dev.tuning = redlite_cli::tuning_vars(),
+        Command::Serve(a) => a.dev.tuning = redlite_cli::tuning_vars(),
+        Command::Bench {
+            what: BenchCommand::Model(a),
+        } => a.dev.tuning = redlite_cli::tuning_vars(),
+        _ => {}
+    }
+    // REDLITE_REFERENCE, parsed once for the whole process (the CPU
+    // kernels' dispatch reads it; docs in redlite_quant::reference).
+    redlite_quant::set_reference_mode(redlite_quant::ReferenceMode::from_lookup(|n| {
+        std::env::var(n).ok()
+    })?);
     match cli.command {
         Command::Inspect {
             file,
@@ -146,7 +159,9 @@ fn main() -> Result<()> {
         Command::Serve(args) => redlite_server::run(args)?,
         Command::Synth(args) => redlite_synth::cli::run(args)?,
         #[cfg(feature = "cuda")]
-        Command::Selftest { no_pdl } => redlite_cuda::selftest_cli(!no_pdl)?,
+        Command::Selftest { no_pdl } => {
+            redlite_cuda::selftest_cli(!no_pdl, &redlite_cli::cudabench::tuning()?)?
+        }
         #[cfg(feature = "cuda")]
         Command::Parity {
             model,
@@ -165,7 +180,7 @@ fn main() -> Result<()> {
                     decode_only,
                     no_pdl,
                 },
-        } => redlite_cuda::bench_cli(decode_only, !no_pdl)?,
+        } => redlite_cuda::bench_cli(decode_only, !no_pdl, &redlite_cli::cudabench::tuning()?)?,
         Command::Tokenize {
             model,
             no_special,

@@ -1,8 +1,11 @@
-//! The device: one context, one stream, the compiled kernels.
+//! The device: one context, one stream, the compiled kernels; and the
+//! raw-address and launch-shape helpers every launch wrapper uses.
 
-use crate::error::{Context, CudaError, Result};
+use crate::error::{ensure, Context, CudaError, Result};
 use crate::kernels;
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -52,8 +55,14 @@ impl<T: DeviceRepr> KernelArg for T {
 
 impl Gpu {
     /// Open device `ordinal` (loads libcuda and libnvrtc at run time) and
-    /// compile every kernel file.
+    /// compile every kernel file with its own tuning constants.
     pub fn new(ordinal: usize) -> Result<Self> {
+        Self::with_defines(ordinal, &[])
+    }
+
+    /// [`Gpu::new`] with NVRTC `-D` overrides of the kernels' `#ifndef`
+    /// tuning constants ([`crate::tuning::CudaTuning::defines`]).
+    pub fn with_defines(ordinal: usize, defines: &[String]) -> Result<Self> {
         // cudarc panics when libcuda cannot be loaded: make that an error
         // (the panic's own message is kept off stderr meanwhile).
         let hook = std::panic::take_hook();
@@ -80,7 +89,7 @@ impl Gpu {
         // captured into graphs.
         let stream = ctx.new_stream()?;
         let t = std::time::Instant::now();
-        let ptxs = kernels::compile_all()?;
+        let ptxs = kernels::compile_all(defines)?;
         let mut funcs = HashMap::new();
         for (file, ptx) in kernels::FILES.iter().zip(ptxs) {
             let module = ctx
@@ -222,4 +231,43 @@ impl Gpu {
         self.ctx.check_err()?;
         Ok(())
     }
+}
+
+/// The raw device address of a buffer (0 for `None`: a null pointer).
+pub fn dptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
+    match s {
+        Some(s) => s.device_ptr(&gpu.stream).0,
+        None => 0,
+    }
+}
+
+/// A vector inside a buffer: the buffer and the offset (in floats) where
+/// the vector starts (several GEMV outputs share one buffer when their
+/// matrices are uploaded as one).
+pub type At<'a> = (&'a CudaSlice<f32>, usize);
+
+/// The raw address of `a` (checked to hold `n` floats).
+pub fn at_ptr(gpu: &Gpu, a: At, n: usize) -> Result<u64> {
+    ensure!(
+        a.0.len() >= a.1 + n,
+        "buffer of {} floats holds no {n} at {}",
+        a.0.len(),
+        a.1
+    );
+    Ok(dptr(gpu, Some(a.0)) + 4 * a.1 as u64)
+}
+
+/// A launch of `grid` blocks of `block` threads, no dynamic shared memory.
+pub fn cfg(grid: (u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid.0, grid.1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `n` as a kernel's `int` argument (an error past `i32::MAX`).
+pub fn i32_of(n: usize) -> Result<i32> {
+    ensure!(n <= i32::MAX as usize, "size {n} exceeds i32");
+    Ok(n as i32)
 }

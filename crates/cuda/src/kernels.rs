@@ -290,10 +290,9 @@ pub fn compile(file: &KernelFile, defines: &[String]) -> Result<cudarc::nvrtc::P
     }
 }
 
-/// Every file compiled (in parallel threads), in [`FILES`] order.
-pub fn compile_all() -> Result<Vec<cudarc::nvrtc::Ptx>> {
-    let defines = parse_defines(std::env::var("REDLITE_CUDA_DEFINES").ok().as_deref())?;
-    let defines = &defines;
+/// Every file compiled (in parallel threads), in [`FILES`] order, with
+/// `defines` (from [`parse_defines`]: [`crate::tuning::CudaTuning::defines`]).
+pub fn compile_all(defines: &[String]) -> Result<Vec<cudarc::nvrtc::Ptx>> {
     std::thread::scope(|s| {
         let hs: Vec<_> = FILES
             .iter()

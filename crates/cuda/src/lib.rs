@@ -17,12 +17,17 @@
 //!   yet measured.
 //! - [`ops`]: the other decode kernels (RMSNorm, attention input, split-K
 //!   grouped attention + merge, the fused Gated DeltaNet step, router
-//!   top-k, SwiGLU / MoE combine), each with a float64 reference in
-//!   [`crate::reference`].
+//!   top-k, SwiGLU / MoE combine), one module per kernel file, each with a
+//!   float64 reference in [`crate::reference`].
+//! - [`device`]: the GPU handle, the one launch path, raw-address helpers.
 //! - [`decoder`]: a whole decode token as one CUDA graph, recorded from the
 //!   architecture's stages (`redlite_model::stages`), weights and state
-//!   resident on the device; [`parity`] checks it against the CPU engine.
-//! - [`selftest`] / [`selftest_ops`] and [`crate::bench`]: `redlite selftest`,
+//!   resident on the device (its module docs map its files); [`parity`]
+//!   checks it against the CPU engine.
+//! - [`tuning`]: [`CudaTuning`], every switch of the backend, parsed once
+//!   by the caller (the crate reads no environment variable).
+//! - [`selftest`] (GEMVs; `selftest::ops`, the other kernels;
+//!   `selftest::expert_cache`) and [`crate::bench`]: `redlite selftest`,
 //!   `redlite bench kernels`.
 //!
 //! libcuda and libnvrtc are loaded at run time (cudarc `dynamic-loading`):
@@ -42,6 +47,7 @@ pub mod device_plan;
 pub mod error;
 pub mod expert_cache;
 pub mod gemv;
+#[cfg(test)]
 mod kernel_model;
 pub mod kernels;
 pub mod layout;
@@ -49,20 +55,22 @@ pub mod ops;
 pub mod parity;
 pub mod reference;
 pub mod selftest;
-pub mod selftest_ops;
 pub mod sequence;
 pub mod tables_cuh;
 pub mod testdata;
+pub mod tuning;
 
 pub use device::Gpu;
 pub use error::{CudaError, Result};
 pub use gemv::{DeviceMatrix, ExpertStack};
+pub use tuning::CudaTuning;
 
 /// `redlite selftest`: open GPU 0, run every kernel against float64
 /// references, print the table. Errors if any kernel fails. `pdl`: every
-/// launch with programmatic dependent launch ([`Gpu::pdl`]).
-pub fn selftest_cli(pdl: bool) -> Result<()> {
-    let mut gpu = Gpu::new(0)?;
+/// launch with programmatic dependent launch ([`Gpu::pdl`]); the kernels
+/// compiled with `tuning`'s defines.
+pub fn selftest_cli(pdl: bool, tuning: &CudaTuning) -> Result<()> {
+    let mut gpu = Gpu::with_defines(0, &tuning.defines)?;
     gpu.pdl = pdl;
     let rows = selftest::run(&gpu, 0x2e4d_11fe)?;
     error::ensure!(selftest::print(&gpu, &rows), "CUDA selftest failed");
@@ -72,9 +80,10 @@ pub fn selftest_cli(pdl: bool) -> Result<()> {
 /// `redlite bench kernels`: copy bandwidth, then every GEMV kernel and
 /// shape at 1, 2 and 4 rows per warp, one or two chunks per step, the
 /// int8-activation kernels, decode attention and the DeltaNet step
-/// (`decode_only`: only the last two). `pdl`: as for [`selftest_cli`].
-pub fn bench_cli(decode_only: bool, pdl: bool) -> Result<()> {
-    let mut gpu = Gpu::new(0)?;
+/// (`decode_only`: only the last two). `pdl`, `tuning`: as for
+/// [`selftest_cli`].
+pub fn bench_cli(decode_only: bool, pdl: bool, tuning: &CudaTuning) -> Result<()> {
+    let mut gpu = Gpu::with_defines(0, &tuning.defines)?;
     gpu.pdl = pdl;
     let copy = bench::copy_bandwidth(&gpu)?;
     let rows = if decode_only {

@@ -6,6 +6,7 @@ use crate::decoder::{CudaDecoder, DecoderOptions, ExpertCacheOptions};
 use crate::error::{ensure, Result};
 use crate::expert_cache::CacheCounters;
 use crate::ops::KvType;
+use crate::tuning::CudaTuning;
 use crate::Gpu;
 use redlite_model::{Logits, Model};
 
@@ -100,13 +101,14 @@ impl Parity {
 /// Run `prompt` token by token through the CPU engine (fast path, one
 /// token per forward) and the GPU decoder, comparing the logits at every
 /// step; then `n_greedy` greedy tokens on each from there. `int8`: the
-/// decoder's int8-activation mode.
+/// decoder's int8-activation mode; `tuning`: its switches.
 pub fn parity(
     gpu: Gpu,
     model: &Model,
     prompt: &[u32],
     n_greedy: usize,
     int8: bool,
+    tuning: &CudaTuning,
 ) -> Result<Parity> {
     ensure!(!prompt.is_empty(), "empty prompt");
     let ctx = prompt.len() + n_greedy + 1;
@@ -119,6 +121,7 @@ pub fn parity(
             int8,
             kv_type: KvType::default_for(int8),
             expert_cache: None,
+            tuning: tuning.clone(),
         },
     )?;
     let mut s = model.new_session(ctx);
@@ -233,6 +236,7 @@ pub fn cache_sweep(
     n_greedy: usize,
     int8: bool,
     sizes: &[usize],
+    tuning: &CudaTuning,
 ) -> Result<Vec<CacheRun>> {
     ensure!(!prompt.is_empty(), "empty prompt");
     let ctx = prompt.len() + n_greedy + 1;
@@ -242,6 +246,7 @@ pub fn cache_sweep(
         int8,
         kv_type: KvType::default_for(int8),
         expert_cache: c,
+        tuning: tuning.clone(),
     };
     let mut full = CudaDecoder::new(gpu.side()?, model, &opts(None))?;
     let (want, want_ids) = run_decoder(&mut full, model, prompt, n_greedy)?;

@@ -26,11 +26,12 @@ fn decoder_matches_the_cpu_engine_on_the_tiny_fixtures() {
         }
     };
     drop(gpu);
-    std::env::set_var("REDLITE_REFERENCE", "f32");
+    redlite_quant::set_reference_mode(redlite_quant::ReferenceMode::F32);
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/fixtures/qwen3next"
     );
+    let tuning = redlite_cuda::CudaTuning::default();
     for name in ["f32", "q8_0", "q4_k_m", "iq2_xxs"] {
         let path = format!("{dir}/tiny-qwen3next-{name}.gguf");
         let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(&path).unwrap());
@@ -38,7 +39,8 @@ fn decoder_matches_the_cpu_engine_on_the_tiny_fixtures() {
         model.set_reference(true);
         let prompt: Vec<u32> = (0..16).map(|i| (i * 37 + 11) % 512).collect();
         let p =
-            redlite_cuda::parity::parity(Gpu::new(0).unwrap(), &model, &prompt, 16, false).unwrap();
+            redlite_cuda::parity::parity(Gpu::new(0).unwrap(), &model, &prompt, 16, false, &tuning)
+                .unwrap();
         assert!(p.ok(1e-4), "{name}: {p:?}");
     }
 }

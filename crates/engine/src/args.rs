@@ -58,6 +58,10 @@ pub struct DeviceArgs {
     /// pinned when the experts fit in the available RAM.
     #[arg(long, value_enum, default_value_t = ExpertSourceArg::Auto)]
     pub expert_source: ExpertSourceArg,
+    /// Backend tuning switches by name, filled by the front end from the
+    /// environment (`REDLITE_CUDA_*`), not a flag.
+    #[arg(skip)]
+    pub tuning: Vec<(String, String)>,
 }
 
 impl DeviceArgs {
@@ -83,6 +87,7 @@ impl DeviceArgs {
                 ExpertSourceArg::Pinned => ExpertSource::Pinned,
                 ExpertSourceArg::File => ExpertSource::File,
             },
+            tuning: self.tuning.clone(),
         }
     }
 

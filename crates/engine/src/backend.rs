@@ -62,6 +62,10 @@ pub struct BackendOptions {
     /// Programmatic dependent launch (GPU).
     pub pdl: bool,
     pub expert_source: ExpertSource,
+    /// Backend tuning switches by name (the GPU's `REDLITE_CUDA_*`,
+    /// docs/cuda.md), as the front end read them; the backend parses them
+    /// once, at open, and names a bad one.
+    pub tuning: Vec<(String, String)>,
 }
 
 impl Default for BackendOptions {
@@ -72,6 +76,7 @@ impl Default for BackendOptions {
             kv_type: None,
             pdl: true,
             expert_source: ExpertSource::Auto,
+            tuning: Vec::new(),
         }
     }
 }
@@ -97,6 +102,9 @@ impl BackendOptions {
             }
             if self.expert_source != ExpertSource::Auto {
                 bad.push("--expert-source (the CPU's expert cache reads the file)");
+            }
+            if let Some((name, _)) = self.tuning.first() {
+                tracing::warn!("{name} and the other GPU tuning switches do nothing on the CPU");
             }
             if !bad.is_empty() {
                 return Err(EngineError::Options(format!(

@@ -6,7 +6,7 @@ use redlite_cuda::decoder::{DecoderOptions, ExpertCacheOptions};
 use redlite_cuda::device_plan::{self, plan_device, DevicePlanInput};
 use redlite_cuda::ops;
 use redlite_cuda::sequence::CudaSequence;
-use redlite_cuda::Gpu;
+use redlite_cuda::{CudaTuning, Gpu};
 use redlite_model::sequence::Sequence;
 use redlite_model::{MemoryRequest, Model};
 use std::sync::Arc;
@@ -22,6 +22,7 @@ pub(crate) struct CudaBackend {
     /// The device opened for the plan, kept for the first sequence (its
     /// kernels are compiled once).
     gpu: Option<Gpu>,
+    tuning: CudaTuning,
     pdl: bool,
     cache: Option<ExpertCacheOptions>,
     int8: bool,
@@ -35,7 +36,14 @@ impl CudaBackend {
         opts: &BackendOptions,
         mem: &MemoryRequest,
     ) -> Result<(CudaBackend, String), EngineError> {
-        let mut gpu = Gpu::new(0).map_err(err)?;
+        let tuning = CudaTuning::from_lookup(|name| {
+            opts.tuning
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        })
+        .map_err(err)?;
+        let mut gpu = Gpu::with_defines(0, &tuning.defines).map_err(err)?;
         gpu.pdl = opts.pdl;
         let kv = match opts.kv() {
             KvType::F16 => ops::KvType::F16,
@@ -46,6 +54,7 @@ impl CudaBackend {
         Ok((
             CudaBackend {
                 gpu: Some(gpu),
+                tuning,
                 pdl: opts.pdl,
                 cache,
                 int8: opts.activations == Activations::Int8,
@@ -64,7 +73,7 @@ impl CudaBackend {
         let gpu = match self.gpu.take() {
             Some(g) => g,
             None => {
-                let mut g = Gpu::new(0).map_err(err)?;
+                let mut g = Gpu::with_defines(0, &self.tuning.defines).map_err(err)?;
                 g.pdl = self.pdl;
                 g
             }
@@ -78,6 +87,7 @@ impl CudaBackend {
                 int8: self.int8,
                 kv_type: self.kv,
                 expert_cache: self.cache,
+                tuning: self.tuning.clone(),
             },
         )
         .map_err(err)?;

@@ -44,7 +44,7 @@ pub enum EngineError {
 enum Backend {
     Cpu,
     #[cfg(feature = "cuda")]
-    Cuda(cuda::CudaBackend),
+    Cuda(Box<cuda::CudaBackend>),
 }
 
 /// A model opened on a device, with its memory plan made.
@@ -95,7 +95,7 @@ impl Engine {
                 #[cfg(feature = "cuda")]
                 {
                     let (b, line) = cuda::CudaBackend::open(&model, opts, mem)?;
-                    (Backend::Cuda(b), line)
+                    (Backend::Cuda(Box::new(b)), line)
                 }
                 #[cfg(not(feature = "cuda"))]
                 return Err(EngineError::NotBuilt("cuda"));

@@ -21,13 +21,11 @@ use redlite_cpu::{Pool, QMatrix};
 use redlite_expertcache::ExpertCache;
 use redlite_gguf::{GgmlType, GgufFile};
 
-/// `REDLITE_REFERENCE=f32`: the reference path keeps f32 activations
-/// (matmuls as `Σ w_deq · x` instead of ggml's quantized-activation form).
+/// [`redlite_quant::ReferenceMode::F32`] (`REDLITE_REFERENCE=f32`): the
+/// reference path keeps f32 activations (matmuls as `Σ w_deq · x` instead
+/// of ggml's quantized-activation form).
 pub fn reference_f32_activations() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| {
-        std::env::var("REDLITE_REFERENCE").is_ok_and(|v| v.eq_ignore_ascii_case("f32"))
-    })
+    redlite_quant::reference_mode().f32_activations()
 }
 
 /// Chunk length of the chunked DeltaNet prefill.

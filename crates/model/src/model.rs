@@ -20,8 +20,9 @@ use std::sync::Arc;
 pub struct LoadOptions {
     /// Worker threads (0: one per CPU).
     pub threads: usize,
-    /// Force the reference path (also forced by `REDLITE_REFERENCE=1`; `=f32`
-    /// keeps f32 activations in its matmuls, see `exec`).
+    /// Force the reference path (also forced by the process's
+    /// [`redlite_quant::ReferenceMode`], `REDLITE_REFERENCE=1`; `=f32` keeps
+    /// f32 activations in its matmuls, see `exec`).
     pub reference: bool,
     /// Tokens per forward batch when a prompt is longer.
     pub ubatch: usize,
@@ -35,11 +36,6 @@ impl Default for LoadOptions {
             ubatch: 512,
         }
     }
-}
-
-/// Whether `REDLITE_REFERENCE` asks for the reference path.
-pub fn reference_from_env() -> bool {
-    std::env::var_os("REDLITE_REFERENCE").is_some_and(|v| v != "0" && !v.is_empty())
 }
 
 /// A bounded expert cache for [`Model::set_expert_cache`].
@@ -106,7 +102,8 @@ impl Model {
         Ok(Model {
             arch,
             pool: Pool::new(opts.threads),
-            reference: opts.reference || reference_from_env(),
+            // The process's mode (the binary sets it from REDLITE_REFERENCE).
+            reference: opts.reference || redlite_quant::reference_mode().is_on(),
             ubatch: opts.ubatch.max(1),
             file,
             experts: None,

@@ -116,9 +116,10 @@ pub fn gemm_fn(ty: GgmlType) -> Option<GemmFn> {
     crate::legacy::multi::gemm_fn(ty)
 }
 
+/// Whether the process's [`crate::ReferenceMode`] forces the scalar
+/// reference kernels.
 pub(crate) fn use_reference() -> bool {
-    static FLAG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FLAG.get_or_init(|| std::env::var_os("REDLITE_REFERENCE").is_some_and(|v| v != "0"))
+    crate::reference::reference_mode().is_on()
 }
 
 /// Dot product of one weight row of `ty` with activations already quantized

@@ -47,7 +47,7 @@ pub fn run(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
     out.push(router_gemv(gpu, rng)?);
     out.push(elementwise(gpu, rng, &mut q8w)?);
     out.push(q8w);
-    out.extend(crate::expert_cache::selftest(gpu, rng)?);
+    out.extend(super::expert_cache::run(gpu, rng)?);
     Ok(())
 }
 

@@ -1,5 +1,10 @@
 //! `redlite selftest`: every kernel against a float64 CPU reference on
 //! fresh random inputs at several sizes, outputs poisoned with NaN first.
+//! The GEMVs here; [`ops`] the other decode kernels, [`expert_cache`] the
+//! bounded cache's plan and fetch.
+
+pub mod expert_cache;
+pub mod ops;
 
 use crate::device::Gpu;
 use crate::error::Result;
@@ -148,7 +153,7 @@ pub fn run(gpu: &Gpu, seed: u64) -> Result<Vec<Worst>> {
         }
     }
     run_q8(gpu, &mut rng, &mut out)?;
-    crate::selftest_ops::run(gpu, &mut rng, &mut out)?;
+    ops::run(gpu, &mut rng, &mut out)?;
     Ok(out)
 }
 

@@ -1,0 +1,36 @@
+//! Launch wrappers of the decode kernels other than the GEMVs: RMSNorm,
+//! the attention input (norm + RoPE + KV append), split-K grouped decode
+//! attention and its merge, the fused Gated DeltaNet step, the router
+//! top-k and the element-wise helpers. Each checks the sizes it can see and
+//! passes raw device pointers (the kernels take plain pointers; buffers
+//! live on the one stream of [`Gpu`], so no cross-stream ordering is
+//! needed, see `device.rs`).
+//!
+//! The float64 references of every kernel are in [`crate::reference`].//!
+//! One module per kernel file (`kernels/<name>.cu`); the GEMVs are in
+//! [`crate::gemv`], the expert cache's kernels in [`crate::expert_cache`].
+
+mod attention;
+mod attn_prep;
+mod deltanet;
+mod elementwise;
+mod norm;
+mod router;
+
+pub use attention::{attention, default_nsplit, f16_round, AttnDims, AttnScratch, KvCache, KvType};
+pub use attn_prep::attn_prep;
+pub use deltanet::{gdn_step, GdnDims, GdnWeights, GDN_THREADS};
+pub use elementwise::{add_inplace, moe_combine, swiglu, NextNorm};
+pub use norm::{rms_norm, v8_block};
+pub use router::{
+    router_gemv_topk, router_gemv_topk_fits, router_in_norm_fits, router_topk, InNorm, Route,
+    ROUTER_MAX_N,
+};
+
+use crate::device::{dptr, Gpu};
+use crate::gemv::Q8Vec;
+
+/// Raw pointers of an int8 activation buffer (null, null for `None`).
+fn q8ptrs(gpu: &Gpu, q8: Option<&Q8Vec>) -> (u64, u64) {
+    (dptr(gpu, q8.map(|q| &q.q)), dptr(gpu, q8.map(|q| &q.d)))
+}
