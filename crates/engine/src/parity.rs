@@ -177,6 +177,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn route_comparison() {
+        let a = vec![vec![1, 5], vec![2, 3]];
+        assert_eq!(route_diff(&a, &a), (0, 2));
+        assert_eq!(route_diff(&a, &[vec![1, 5], vec![2, 4]]), (1, 2));
+        assert_eq!(route_diff(&a, &[vec![1, 5]]), (1, 2));
+    }
+
+    #[test]
     fn compare_logits_by_hand() {
         // Equal inputs: no distance.
         let c = compare_logits(&[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]);
