@@ -221,7 +221,7 @@ impl ChatTemplate {
             max: self.max_output,
             over: false,
         };
-        match tmpl.render_to_write(Value::from_serialize(&ctx), &mut out) {
+        match tmpl.render_captured_to(Value::from_serialize(&ctx), &mut out) {
             Ok(_) => {}
             Err(_) if out.over => {
                 return Err(TokenizerError::Template(format!(
