@@ -181,6 +181,30 @@ fn dumps_appear_complete_and_nothing_is_left_on_failure() {
     assert!(stderr(&o).contains("exceeds the context"), "{}", stderr(&o));
     assert_eq!(names(&d), ["logits.bin", "model.gguf", "trace.jsonl"]);
     assert_eq!(std::fs::read(&logits).unwrap(), before);
+    // A run that fails after the logits were written (stdout is full):
+    // the dump is not left behind as if it were complete.
+    let o = Command::new(env!("CARGO_BIN_EXE_redlite"))
+        .args(["generate", "-m"])
+        .arg(&m)
+        .args([
+            "--prompt-ids",
+            "1,2,3",
+            "-n",
+            "3",
+            "--temp",
+            "0",
+            "--print-ids",
+            "--no-warmup",
+        ])
+        .arg("--dump-logits")
+        .arg(&fresh)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("writing to stdout"), "{}", stderr(&o));
+    assert_eq!(names(&d), ["logits.bin", "model.gguf", "trace.jsonl"]);
     let _ = std::fs::remove_dir_all(&d);
 }
 
