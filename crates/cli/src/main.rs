@@ -157,7 +157,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Serve(mut args) => {
             limits::input_file(&args.model, "--model")?;
             args.threads = limits::cap_threads(args.threads, "--threads");
-            redlite_server::run(args)?
+            let model = args.model.display().to_string();
+            redlite_server::run(args).with_context(|| format!("serve {model}"))?
         }
         Command::Synth(mut args) => {
             args.threads = args.threads.map(|t| limits::cap_threads(t, "--threads"));

@@ -220,6 +220,30 @@ fn a_template_that_does_not_parse_is_an_error_with_chat_and_a_warning_otherwise(
     let e = text(&o.stderr);
     assert!(o.status.success(), "{e}");
     assert!(e.contains("WARN") && e.contains("does not parse"), "{e}");
+    // The server needs the template (/v1/chat/completions): it refuses to
+    // start instead of serving without one.
+    let mut child = cmd(&["serve", "--port", "0", "--no-warmup", "-m"])
+        .arg(&m)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("serve started with a template that does not parse");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().unwrap();
+    let e = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains(&format!("serve {}", m.display())), "{e}");
+    assert!(
+        e.contains("tokenizer.chat_template") && e.contains("does not parse"),
+        "{e}"
+    );
     // A looping template is stopped by the step limit, with --chat or by default.
     let m = with_template(
         &d,
