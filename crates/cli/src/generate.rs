@@ -6,13 +6,16 @@ use redlite_engine::Engine;
 use redlite_gguf::GgufFile;
 use redlite_model::sample::{Sampler, SamplerConfig};
 use redlite_model::{LoadOptions, Logits, Model};
-use redlite_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use redlite_outfile::Output;
+use redlite_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::limits;
 use crate::memory;
+use crate::out::STDOUT;
 
 /// Everything `redlite generate` takes.
 #[derive(clap::Args, Debug, Clone)]
@@ -49,20 +52,20 @@ pub struct GenerateArgs {
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     pub n_predict: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
+    /// Sampling temperature; 0 is greedy (0 to 2).
+    #[arg(long, default_value_t = 0.8, value_parser = limits::temperature)]
     pub temp: f32,
     /// Keep the k most likely tokens (0: all).
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
     /// Nucleus sampling mass (1: off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, value_parser = limits::probability)]
     pub top_p: f32,
     /// Drop tokens less likely than min-p times the most likely (0: off).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, value_parser = limits::probability)]
     pub min_p: f32,
-    /// Penalty for repeating recent tokens (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    /// Penalty for repeating recent tokens (1: off; 0 to 10).
+    #[arg(long, default_value_t = 1.0, value_parser = limits::repeat_penalty)]
     pub repeat_penalty: f32,
     /// How many recent tokens the repeat penalty looks at.
     #[arg(long, default_value_t = 64)]
@@ -118,14 +121,36 @@ fn warm_pages(model: &Model) {
     bar.finish_and_clear();
 }
 
-pub fn run(args: GenerateArgs) -> Result<()> {
+pub fn run(mut args: GenerateArgs) -> Result<()> {
+    args.threads = limits::cap_threads(args.threads, "--threads");
+    args.mem.io_threads = limits::cap_io_threads(args.mem.io_threads, "--io-threads");
     let path = &args.model;
+    limits::input_file(path, "--model")?;
+    // Outputs first: an output that is the model file (or a directory) is
+    // refused before the model is even opened, and nothing appears at an
+    // output path until its contents are complete.
+    let inputs = [path.as_path()];
+    let mut logit_dump = match &args.dump_logits {
+        Some(p) => Some(Output::create(p, &inputs).context("--dump-logits")?),
+        None => None,
+    };
+    let mut trace_out = match &args.dump_trace {
+        Some(p) => Some(Output::create(p, &inputs).context("--dump-trace")?),
+        None => None,
+    };
     let file = Arc::new(memory::open_model(
         path,
         args.mmap || args.dev.offloads_weights(),
         args.no_mmap,
         &args.mem,
     )?);
+    // The template is checked before the weights load: one that does not
+    // parse is an error when --chat asks for it, a warning otherwise.
+    let template = if args.raw || args.prompt_ids.is_some() {
+        None
+    } else {
+        chat_template(&file, path, args.chat)?
+    };
     let model = Model::load(
         file.clone(),
         LoadOptions {
@@ -144,6 +169,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     } else {
         args.ctx_size
     };
+    limits::warn_context(ctx, model.arch().context_length());
     eprintln!(
         "redlite: {} ({}), {} layers, {} threads, {} path, weights {}",
         path.display(),
@@ -174,16 +200,19 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             .as_ref()
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("this file's tokenizer")?;
-        let template = ChatTemplate::from_gguf(file.metadata()).ok();
         let use_chat = !args.raw && (args.chat || template.is_some());
         let text = if use_chat {
-            let template = template.context("--chat: this file has no tokenizer.chat_template")?;
+            let template = template.as_ref().with_context(|| {
+                format!("--chat: {} has no tokenizer.chat_template", path.display())
+            })?;
             let mut messages = Vec::new();
             if let Some(s) = &args.system {
                 messages.push(ChatMessage::system(s.clone()));
             }
             messages.push(ChatMessage::user(text));
-            template.render(&messages, None, true, args.think)?
+            template
+                .render(&messages, None, true, args.think)
+                .with_context(|| format!("the chat template of {}", path.display()))?
         } else {
             text
         };
@@ -222,15 +251,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut session = engine.open_sequence(ctx)?;
     eprintln!("redlite: {}", engine.describe());
     let model = engine.model().clone();
-    if args.dump_trace.is_some() {
+    if trace_out.is_some() {
         session.enable_trace()?;
     }
-    let mut logit_dump = match &args.dump_logits {
-        Some(p) => Some(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
-        )),
-        None => None,
-    };
     let n_vocab = model.n_vocab();
     let want = if logit_dump.is_some() {
         Logits::All
@@ -246,8 +269,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if want == Logits::All {
         logits.drain(..logits.len() - n_vocab);
     }
-    if let Some(p) = &args.dump_trace {
-        write_trace(p, &session.take_trace())?;
+    if let Some(mut w) = trace_out.take() {
+        write_trace(&mut w, &session.take_trace())?;
+        w.commit()?;
     }
 
     let mut history = prompt.clone();
@@ -267,8 +291,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         if !args.print_ids {
             if let Some(d) = decoder.as_mut() {
                 let piece = d.push(next);
-                out.write_all(piece.as_bytes())?;
-                out.flush()?;
+                out.write_all(piece.as_bytes()).context(STDOUT)?;
+                out.flush().context(STDOUT)?;
             }
         }
         if i + 1 == args.n_predict {
@@ -281,15 +305,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let decode_secs = t1.elapsed().as_secs_f64();
     if args.print_ids {
-        writeln!(out, "{}", serde_json::to_string(&generated)?)?;
+        writeln!(out, "{}", serde_json::to_string(&generated)?).context(STDOUT)?;
     } else {
         if let Some(d) = decoder.as_mut() {
-            out.write_all(d.finish().as_bytes())?;
+            out.write_all(d.finish().as_bytes()).context(STDOUT)?;
         }
-        writeln!(out)?;
+        writeln!(out).context(STDOUT)?;
     }
-    if let Some(mut w) = logit_dump {
-        w.flush()?;
+    out.flush().context(STDOUT)?;
+    if let Some(w) = logit_dump {
+        w.commit()?;
     }
     // Decode speed counts the forward passes after the first sampled token.
     let decode_steps = generated.len().saturating_sub(1).max(1);
@@ -313,19 +338,17 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-fn write_f32(w: &mut impl Write, v: &[f32]) -> Result<()> {
+fn write_f32(w: &mut Output, v: &[f32]) -> Result<()> {
     let mut bytes = Vec::with_capacity(v.len() * 4);
     for x in v {
         bytes.extend_from_slice(&x.to_le_bytes());
     }
-    w.write_all(&bytes)?;
+    w.write_all(&bytes)
+        .with_context(|| format!("writing {}", w.target().display()))?;
     Ok(())
 }
 
-fn write_trace(path: &PathBuf, records: &[redlite_model::trace::TraceRecord]) -> Result<()> {
-    let mut w = std::io::BufWriter::new(
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
-    );
+fn write_trace(w: &mut Output, records: &[redlite_model::trace::TraceRecord]) -> Result<()> {
     for r in records {
         let line = serde_json::json!({
             "layer": r.layer,
@@ -333,14 +356,31 @@ fn write_trace(path: &PathBuf, records: &[redlite_model::trace::TraceRecord]) ->
             "n_tokens": r.n_tokens,
             "data": r.data,
         });
-        writeln!(w, "{line}")?;
+        writeln!(w, "{line}").with_context(|| format!("writing {}", w.target().display()))?;
     }
-    w.flush()?;
     Ok(())
 }
 
+/// The file's chat template: `None` when it has none, or (with a warning)
+/// when it does not parse and `required` (`--chat`) is off.
+fn chat_template(file: &GgufFile, path: &Path, required: bool) -> Result<Option<ChatTemplate>> {
+    match ChatTemplate::from_gguf(file.metadata()) {
+        Ok(t) => Ok(Some(t)),
+        Err(TokenizerError::MissingKey { .. }) => Ok(None),
+        Err(e) if required => Err(e).with_context(|| format!("--chat: {}", path.display())),
+        Err(e) => {
+            tracing::warn!(
+                "{}: {e}; the prompt is used without a template (--chat makes this an error)",
+                path.display()
+            );
+            Ok(None)
+        }
+    }
+}
+
 /// `redlite tokenize`: the ids of a text as a JSON array.
-pub fn tokenize(model: &PathBuf, text: &str, no_special: bool) -> Result<Vec<u32>> {
+pub fn tokenize(model: &Path, text: &str, no_special: bool) -> Result<Vec<u32>> {
+    limits::input_file(model, "--model")?;
     let file =
         GgufFile::open(model).with_context(|| format!("opening model {}", model.display()))?;
     let tok = Tokenizer::from_gguf(file.metadata())

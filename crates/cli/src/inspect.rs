@@ -2,6 +2,7 @@
 
 use anyhow::{Context, Result};
 use redlite_gguf::{GgmlType, GgufFile, MetadataValue};
+use redlite_outfile::Output;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -294,47 +295,27 @@ pub fn report(file: &GgufFile, show_all_metadata: bool) -> String {
 }
 
 /// Write tensor `name` of `file` dequantized to little-endian f32, in GGUF
-/// element order, to `out_path`. The file appears only when complete.
+/// element order, to `out_path`. The file appears only when complete; an
+/// output that is the GGUF file itself (or a directory) is refused before
+/// anything is written.
 pub fn dump_tensor(file: &GgufFile, name: &str, out_path: &Path) -> Result<u64> {
+    let inputs: Vec<&Path> = file.path().into_iter().collect();
+    let mut out = Output::create(out_path, &inputs).context("--dump")?;
     let view = file.tensor(name)?;
     let ty = view.info.ty;
     let n = usize::try_from(view.info.n_elements()).context("tensor too large for this machine")?;
     let mut values = vec![0f32; n];
     redlite_quant::dequantize(ty, view.data, &mut values)
         .with_context(|| format!("dequantizing tensor {name} of type {ty}"))?;
-    let dir = out_path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp_name = format!(
-        ".{}.partial-{}",
-        out_path
-            .file_name()
-            .and_then(|s| s.to_str())
-            .unwrap_or("dump"),
-        std::process::id()
-    );
-    let tmp = dir.join(tmp_name);
-    let result = (|| -> Result<()> {
-        let mut w = std::io::BufWriter::new(
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
-        );
-        for chunk in values.chunks(1 << 16) {
-            let mut bytes = Vec::with_capacity(chunk.len() * 4);
-            for v in chunk {
-                bytes.extend_from_slice(&v.to_le_bytes());
-            }
-            w.write_all(&bytes)?;
+    for chunk in values.chunks(1 << 16) {
+        let mut bytes = Vec::with_capacity(chunk.len() * 4);
+        for v in chunk {
+            bytes.extend_from_slice(&v.to_le_bytes());
         }
-        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        std::fs::rename(&tmp, out_path)
-            .with_context(|| format!("renaming to {}", out_path.display()))?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        out.write_all(&bytes)
+            .with_context(|| format!("writing {}", out_path.display()))?;
     }
-    result.with_context(|| format!("writing {}", out_path.display()))?;
+    out.commit()?;
     Ok(n as u64)
 }
 

@@ -4,8 +4,10 @@
 pub mod cudabench;
 pub mod generate;
 pub mod inspect;
+pub mod limits;
 pub mod memory;
 pub mod modelbench;
+pub mod out;
 pub mod quantbench;
 pub mod residency;
 

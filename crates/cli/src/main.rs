@@ -1,8 +1,10 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use redlite_cli::{generate, inspect, modelbench, quantbench};
+use redlite_cli::{generate, inspect, limits, modelbench, out, outln, quantbench};
 use redlite_gguf::{GgmlType, GgufFile};
+use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 /// Red Lite: fast inference for Qwen3-Next-class GGUF models.
 #[derive(Parser)]
@@ -117,7 +119,7 @@ enum BenchCommand {
     },
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -125,7 +127,20 @@ fn main() -> Result<()> {
                 .unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let mut cli = Cli::parse();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        // A closed stdout (`| head`) ends the command quietly, as under
+        // SIGPIPE; every output's temporary was removed on the way out.
+        Err(e) if out::is_broken_pipe(&e) => ExitCode::from(out::BROKEN_PIPE_STATUS),
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "Error: {e:?}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(mut cli: Cli) -> Result<()> {
     match &mut cli.command {
         Command::Generate(a) => a.dev.tuning = redlite_cli::tuning_vars(),
         Command::Serve(a) => a.dev.tuning = redlite_cli::tuning_vars(),
@@ -146,18 +161,27 @@ fn main() -> Result<()> {
             tensor,
             dump,
         } => {
+            limits::input_file(&file, "inspect")?;
             let gguf =
                 GgufFile::open(&file).with_context(|| format!("opening {}", file.display()))?;
             if let (Some(name), Some(out)) = (tensor, dump) {
                 let n = inspect::dump_tensor(&gguf, &name, &out)?;
                 eprintln!("wrote {n} f32 values of {name} to {}", out.display());
             } else {
-                print!("{}", inspect::report(&gguf, all));
+                out::print(&inspect::report(&gguf, all))?;
             }
         }
         Command::Generate(args) => generate::run(args)?,
-        Command::Serve(args) => redlite_server::run(args)?,
-        Command::Synth(args) => redlite_synth::cli::run(args)?,
+        Command::Serve(mut args) => {
+            limits::input_file(&args.model, "--model")?;
+            args.threads = limits::cap_threads(args.threads, "--threads");
+            let model = args.model.display().to_string();
+            redlite_server::run(args).with_context(|| format!("serve {model}"))?
+        }
+        Command::Synth(mut args) => {
+            args.threads = args.threads.map(|t| limits::cap_threads(t, "--threads"));
+            redlite_synth::cli::run(args)?
+        }
         #[cfg(feature = "cuda")]
         Command::Selftest { no_pdl } => {
             redlite_cuda::selftest_cli(!no_pdl, &redlite_cli::cudabench::tuning()?)?
@@ -186,10 +210,10 @@ fn main() -> Result<()> {
             no_special,
             text,
         } => {
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string(&generate::tokenize(&model, &text, no_special)?)?
-            );
+            )?;
         }
         Command::Bench {
             what: BenchCommand::Model(args),
@@ -214,18 +238,21 @@ fn main() -> Result<()> {
                     })
                     .collect::<Result<_>>()?
             };
-            let threads = threads
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-            println!("| type | weights | GB/s 1 thread | GB/s {threads} threads |");
-            println!("|---|---:|---:|---:|");
+            let threads = limits::cap_threads(
+                threads
+                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+                "--threads",
+            );
+            outln!("| type | weights | GB/s 1 thread | GB/s {threads} threads |")?;
+            outln!("|---|---:|---:|---:|")?;
             for row in quantbench::bench(&types, row_len, rows, passes.max(1), threads)? {
-                println!(
+                outln!(
                     "| {} | {:.1} MiB | {:.2} | {:.2} |",
                     row.ty,
                     row.weight_bytes as f64 / (1 << 20) as f64,
                     row.gbps_one_thread,
                     row.gbps_all_threads
-                );
+                )?;
             }
         }
     }

@@ -453,8 +453,16 @@ fn print_profile(p: &redlite_model::TokenProfile, depth: usize) {
     );
 }
 
-pub fn run(args: ModelBenchArgs) -> Result<()> {
+pub fn run(mut args: ModelBenchArgs) -> Result<()> {
+    args.threads = crate::limits::cap_threads(args.threads, "--threads");
+    args.mem.io_threads = crate::limits::cap_io_threads(args.mem.io_threads, "--io-threads");
     let path = &args.model;
+    crate::limits::input_file(path, "--model")?;
+    if let Some(p) = &args.dump_routes {
+        // Appended to (a trace across runs), so not through a temporary;
+        // but never the model file, nor a directory.
+        redlite_outfile::check_target(p, &[path.as_path()]).context("--dump-routes")?;
+    }
     let file = Arc::new(crate::memory::open_model(
         path,
         // On the GPU the weights are copied to the device (or to pinned
@@ -502,6 +510,7 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
         .map(|&(p, n, d)| p.max(d + n + 1))
         .max()
         .unwrap_or(1);
+    crate::limits::warn_context(ctx, model.arch().context_length());
     // A computed depth is checkpointed once and restored for every run:
     // two states at once.
     let checkpointed = args.depth_fill == DepthFill::Compute && tests.iter().any(|t| t.2 > 0);
@@ -709,22 +718,22 @@ pub fn run(args: ModelBenchArgs) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&objs)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&objs)?)?;
     } else {
-        println!("| model | size | params | backend | threads | test | t/s |");
-        println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+        crate::outln!("| model | size | params | backend | threads | test | t/s |")?;
+        crate::outln!("| --- | ---: | ---: | --- | ---: | ---: | ---: |")?;
         for r in &results {
             let ts = r.samples_ts();
-            println!(
+            crate::outln!(
                 "| {desc} | {:.2} GiB | {:.2} B | {backend} | {threads} | {} | {:.2} ± {:.2} |",
                 size as f64 / (1u64 << 30) as f64,
                 n_params as f64 / 1e9,
                 r.name(),
                 median(&ts),
                 stddev(&ts),
-            );
+            )?;
         }
-        println!("\nt/s: median of {reps} runs ± sample standard deviation");
+        crate::outln!("\nt/s: median of {reps} runs ± sample standard deviation")?;
     }
     if let Some(peak) = peak_rss_bytes() {
         eprintln!(

@@ -128,10 +128,13 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata())?);
     let template = match ChatTemplate::from_gguf(file.metadata()) {
         Ok(t) => Some(Arc::new(t)),
-        Err(e) => {
+        Err(e @ redlite_tokenizer::TokenizerError::MissingKey { .. }) => {
             tracing::warn!("no chat template ({e}): /v1/chat/completions will answer 400");
             None
         }
+        // /v1/chat/completions needs it: a template that does not parse
+        // stops the server here, not at the first chat request.
+        Err(e) => return Err(e.into()),
     };
     let model = Model::load(
         file.clone(),

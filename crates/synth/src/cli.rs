@@ -1,7 +1,8 @@
 //! `redlite synth`: arguments and the command.
 
-use crate::{report, write, Layout, Plan, SynthError, TokenizerSource, WriteOptions};
-use std::path::PathBuf;
+use crate::{report, write_checked, Layout, Plan, SynthError, TokenizerSource, WriteOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 /// Write a synthetic GGUF with the exact Qwen3-Next-80B-A3B shapes and random valid blocks.
 #[derive(clap::Args, Debug, Clone)]
@@ -40,6 +41,12 @@ pub struct SynthArgs {
 
 pub fn run(a: SynthArgs) -> Result<(), SynthError> {
     let layout: Layout = a.layout.parse()?;
+    let inputs: Vec<&Path> = a.tokenizer.iter().map(PathBuf::as_path).collect();
+    if let Some(out) = &a.out {
+        // Up front: a directory or the tokenizer file itself is refused
+        // before planning, not after gigabytes are written.
+        redlite_outfile::check_target(out, &inputs)?;
+    }
     let tok = a
         .tokenizer
         .clone()
@@ -58,9 +65,10 @@ pub fn run(a: SynthArgs) -> Result<(), SynthError> {
             plan.data_bytes() as f64 / 1e9,
             out.display()
         );
-        let st = write(
+        let st = write_checked(
             &plan,
             out,
+            &inputs,
             &WriteOptions {
                 threads,
                 progress: !a.quiet,
@@ -75,10 +83,11 @@ pub fn run(a: SynthArgs) -> Result<(), SynthError> {
     }
     if a.report {
         let usage = report::simulate(&plan, a.report_tokens.max(2), a.report_rho)?;
-        print!(
-            "{}",
-            report::format(&usage, a.report_tokens.max(2), a.report_rho)
-        );
+        let text = report::format(&usage, a.report_tokens.max(2), a.report_rho);
+        let mut o = std::io::stdout().lock();
+        o.write_all(text.as_bytes())
+            .and_then(|()| o.flush())
+            .map_err(SynthError::Stdout)?;
     }
     Ok(())
 }

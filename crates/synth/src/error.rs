@@ -34,4 +34,8 @@ pub enum SynthError {
     Quant(#[from] QuantError),
     #[error("{0}")]
     Io(String),
+    #[error(transparent)]
+    Output(#[from] redlite_outfile::OutfileError),
+    #[error("writing to stdout")]
+    Stdout(#[source] std::io::Error),
 }

@@ -46,7 +46,7 @@ mod write;
 
 pub use error::SynthError;
 pub use spec::{Ctx, Init, Layout, Shapes, TensorSpec};
-pub use write::{write, WriteOptions, WriteStats};
+pub use write::{write, write_checked, WriteOptions, WriteStats};
 
 use redlite_gguf::{GgmlType, GgufFile, Metadata, MetadataValue};
 use rng::{tensor_key, BlockRng};

@@ -77,7 +77,32 @@ fn chunks(plan: &Plan) -> Vec<Chunk> {
 
 /// Generate `plan` into `path` (atomically: temporary file, then rename).
 pub fn write(plan: &Plan, path: &Path, opts: &WriteOptions) -> Result<WriteStats, SynthError> {
+    write_checked(plan, path, &[], opts)
+}
+
+/// [`write`], refusing (before anything is written) a `path` that is a
+/// directory or the same file as one of `inputs`. The file is written in
+/// a private directory beside `path` and moved over it when complete; on
+/// error, on drop and on SIGINT/SIGTERM the directory is removed.
+pub fn write_checked(
+    plan: &Plan,
+    path: &Path,
+    inputs: &[&Path],
+    opts: &WriteOptions,
+) -> Result<WriteStats, SynthError> {
     let start = Instant::now();
+    let out = redlite_outfile::OutputDir::create(path, inputs)?;
+    let file_bytes = write_into(plan, out.path(), opts)?;
+    out.commit()?;
+    Ok(WriteStats {
+        file_bytes,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Stream `plan` into `path` (the GGUF writer's own temporary and
+/// rename); the bytes of the finished file.
+fn write_into(plan: &Plan, path: &Path, opts: &WriteOptions) -> Result<u64, SynthError> {
     let decls: Vec<TensorDecl> = plan
         .tensors
         .iter()
@@ -171,8 +196,5 @@ pub fn write(plan: &Plan, path: &Path, opts: &WriteOptions) -> Result<WriteStats
     let file_bytes = std::fs::metadata(path)
         .map_err(|e| SynthError::Io(format!("stat {}: {e}", path.display())))?
         .len();
-    Ok(WriteStats {
-        file_bytes,
-        seconds: start.elapsed().as_secs_f64(),
-    })
+    Ok(file_bytes)
 }

@@ -329,15 +329,26 @@ fn bad_input_is_a_typed_error() {
     let p = plan(Layout::Iq2, 1, 0);
     let mut buf = vec![0u8; 10];
     assert!(p.fill(p.tensors.len(), 0, &mut buf).is_err());
-    // Output into a missing directory.
-    assert!(matches!(
-        write(
-            &p,
-            Path::new("/nonexistent/dir/x.gguf"),
-            &WriteOptions::default()
-        ),
-        Err(SynthError::Gguf(_))
-    ));
+    // Output into a missing directory: an error naming the path.
+    let e = write(
+        &p,
+        Path::new("/nonexistent/dir/x.gguf"),
+        &WriteOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(e, SynthError::Output(_)), "{e:?}");
+    assert!(e.to_string().contains("/nonexistent/dir/x.gguf"), "{e}");
+    // Onto a directory, or onto an input: refused before anything is written.
+    let e = write(&p, &d, &WriteOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("is a directory"), "{e}");
+    let before = std::fs::read(&path).unwrap();
+    let e =
+        redlite_synth::write_checked(&p, &path, &[&path], &WriteOptions::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("is the same file as the input"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before);
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {

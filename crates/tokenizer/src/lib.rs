@@ -18,7 +18,9 @@ mod pretok;
 mod stream;
 mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate, FunctionCall, ToolCall};
+pub use chat::{
+    ChatMessage, ChatTemplate, FunctionCall, ToolCall, DEFAULT_FUEL, DEFAULT_MAX_OUTPUT,
+};
 pub use error::TokenizerError;
 pub use stream::StreamDecoder;
 pub use tokenizer::{keys, TokenType, Tokenizer};
