@@ -23,6 +23,11 @@ fi
 bash scripts/check-cuda-kernels.sh # CUDA kernels: NVRTC + ptxas sm_90 (pinned PyPI wheels); set -e fails the gate if they cannot be installed
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
+# The fuzz targets (a crate outside the workspace) must compile against the
+# current API; their corpora replay as workspace tests. Running libFuzzer
+# needs nightly flags (docs/fuzzing.md), so the gate checks, it does not fuzz.
+echo "==> cargo check fuzz targets"
+cargo check --manifest-path fuzz/Cargo.toml --bins --locked
 echo "==> cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo test"

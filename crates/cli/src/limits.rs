@@ -79,11 +79,7 @@ pub fn repeat_penalty(s: &str) -> Result<f32, String> {
 /// Warn when the context asked for is longer than the model was trained
 /// on (attention past it is extrapolation; llama.cpp warns the same way).
 pub fn warn_context(ctx: usize, trained: usize) {
-    if trained > 0 && ctx > trained {
-        tracing::warn!(
-            "--ctx-size {ctx} is above the model's trained context of {trained} tokens: output past {trained} positions may degrade"
-        );
-    }
+    redlite_engine::warn_context(ctx, trained);
 }
 
 /// An input given by `flag` must be a file: a directory gets a clear error

@@ -24,6 +24,17 @@ pub use redlite_model::{Logits, MemoryRequest, Model, ModelError};
 
 use std::sync::Arc;
 
+/// Warn when a context is larger than the one the model was trained for
+/// (`trained` 0: unknown): it is allowed, as llama.cpp allows it, but
+/// output past the trained positions may degrade. Every front end calls it.
+pub fn warn_context(ctx: usize, trained: usize) {
+    if trained > 0 && ctx > trained {
+        tracing::warn!(
+            "--ctx-size {ctx} is above the model's trained context of {trained} tokens: output past {trained} positions may degrade"
+        );
+    }
+}
+
 /// Errors of opening an engine or a sequence.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

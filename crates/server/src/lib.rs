@@ -149,6 +149,7 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     } else {
         args.ctx_size
     };
+    redlite_engine::warn_context(ctx, model.arch().context_length());
     // The live session plus the prompt-cache checkpoints.
     let sessions = 1 + if args.no_prompt_cache {
         0
