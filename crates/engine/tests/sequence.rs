@@ -164,25 +164,24 @@ fn bad_requests_are_errors_not_panics() {
     );
 }
 
-#[test]
-fn gpu_options_on_the_cpu_are_refused() {
+/// The error of opening the q8_0 fixture with `opts`.
+fn open_error(opts: &BackendOptions) -> String {
     let file = Arc::new(redlite_gguf::GgufFile::open(fixture("tiny-qwen3next-q8_0.gguf")).unwrap());
     let model = Model::load(file, Default::default()).unwrap();
-    let opts = BackendOptions {
-        kv_type: Some(redlite_engine::KvType::F16),
+    let mem = MemoryRequest {
+        ctx: 8,
+        sessions: 1,
         ..Default::default()
     };
-    let err = Engine::open(
-        model,
-        &opts,
-        &MemoryRequest {
-            ctx: 8,
-            sessions: 1,
-            ..Default::default()
-        },
-    )
-    .unwrap_err()
-    .to_string();
+    Engine::open(model, opts, &mem).unwrap_err().to_string()
+}
+
+#[test]
+fn gpu_options_on_the_cpu_are_refused() {
+    let err = open_error(&BackendOptions {
+        kv_type: Some(redlite_engine::KvType::F16),
+        ..Default::default()
+    });
     assert!(
         err.contains("--kv-type") && err.contains("--device cuda"),
         "{err}"
@@ -192,22 +191,9 @@ fn gpu_options_on_the_cpu_are_refused() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_without_the_feature_names_the_feature() {
-    let file = Arc::new(redlite_gguf::GgufFile::open(fixture("tiny-qwen3next-q8_0.gguf")).unwrap());
-    let model = Model::load(file, Default::default()).unwrap();
-    let opts = BackendOptions {
+    let err = open_error(&BackendOptions {
         device: redlite_engine::Device::Cuda,
         ..Default::default()
-    };
-    let err = Engine::open(
-        model,
-        &opts,
-        &MemoryRequest {
-            ctx: 8,
-            sessions: 1,
-            ..Default::default()
-        },
-    )
-    .unwrap_err()
-    .to_string();
+    });
     assert!(err.contains("--features cuda"), "{err}");
 }
