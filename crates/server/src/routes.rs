@@ -50,6 +50,12 @@ pub fn router(state: Shared) -> Router {
         .route("/health", get(health))
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/v1/models/{id}", get(crate::extra::model))
+        .route("/models/{id}", get(crate::extra::model))
+        .route("/tokenize", post(crate::extra::tokenize))
+        .route("/detokenize", post(crate::extra::detokenize))
+        .route("/v1/embeddings", post(crate::extra::embeddings))
+        .route("/embeddings", post(crate::extra::embeddings))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
@@ -67,6 +73,10 @@ const ENDPOINTS: &[&str] = &[
     "/health",
     "/v1/health",
     "/metrics",
+    "/tokenize",
+    "/detokenize",
+    "/v1/embeddings",
+    "/embeddings",
 ];
 
 /// Count every answer by endpoint and status.
@@ -179,7 +189,7 @@ async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
 const DRAIN_CAP: usize = 64 << 20;
 
 /// The body as a JSON object; 413 over the limit, 400 when it is not JSON.
-async fn json_body(body: Body, limit: usize) -> Result<serde_json::Value, ApiError> {
+pub(crate) async fn json_body(body: Body, limit: usize) -> Result<serde_json::Value, ApiError> {
     let bytes = read_body(body, limit).await?;
     let v: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest {
@@ -251,7 +261,12 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
     let v = json_body(body, s.max_body_bytes).await?;
     let req: ChatCompletionRequest = parse_json(&v)?;
     let sampling: SamplingFields = parse_json(&v)?;
-    let g = request::gen_params(&sampling, &s.limits)?;
+    let mut g = request::gen_params(&sampling, &s.limits)?;
+    crate::extra::apply_sampling_extras(
+        &sampling,
+        s.n_vocab.min(s.tokenizer.vocab_size()),
+        &mut g.sampler,
+    )?;
     let messages = request::chat_messages(&req.messages)?;
     let plan = request::tool_plan(&req.tools, &req.tool_choice)?;
     let enable_thinking = match req
@@ -322,7 +337,12 @@ async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, Ap
     let v = json_body(body, s.max_body_bytes).await?;
     let req: CompletionRequest = parse_json(&v)?;
     let sampling: SamplingFields = parse_json(&v)?;
-    let g = request::gen_params(&sampling, &s.limits)?;
+    let mut g = request::gen_params(&sampling, &s.limits)?;
+    crate::extra::apply_sampling_extras(
+        &sampling,
+        s.n_vocab.min(s.tokenizer.vocab_size()),
+        &mut g.sampler,
+    )?;
     let tok = s.tokenizer.clone();
     let n_vocab = s.n_vocab;
     let ids = tokio::task::spawn_blocking(move || {

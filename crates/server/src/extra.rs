@@ -1,0 +1,343 @@
+//! The smaller endpoints beside generation: one model by id, llama-server's
+//! `/tokenize` and `/detokenize`, the refusal of `/v1/embeddings`; and the
+//! request fields that only adjust the sampler (penalties, `logit_bias`).
+
+use crate::api::{ErrorBody, ErrorDetail, ModelCard, SamplingFields};
+use crate::error::{parse_json, ApiError};
+use crate::routes::Shared;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use redlite_model::sample::SamplerConfig;
+use redlite_tokenizer::Tokenizer;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// `GET /v1/models/{id}`: the card of the served model, or OpenAI's 404.
+pub async fn model(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    model_reply(&s.model_id, s.created, &id)
+}
+
+fn model_reply(served: &str, created: u64, id: &str) -> Response {
+    if id == served {
+        return Json(ModelCard {
+            id: served.to_string(),
+            object: "model",
+            created,
+            owned_by: "redlite",
+        })
+        .into_response();
+    }
+    // OpenAI answers an unknown model with 404 and `model_not_found`.
+    let body = ErrorBody {
+        error: ErrorDetail {
+            message: format!(
+                "The model `{id}` does not exist: this server serves `{served}` (GET /v1/models)"
+            ),
+            kind: "invalid_request_error".into(),
+            param: Some("model".into()),
+            code: Some("model_not_found".into()),
+        },
+    };
+    (StatusCode::NOT_FOUND, Json(body)).into_response()
+}
+
+/// `POST /tokenize` as llama-server has it.
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    pub content: String,
+    /// Add the BOS / EOS the model file asks for (llama-server's default:
+    /// no).
+    #[serde(default)]
+    pub add_special: bool,
+    /// Control tokens written in the text become their ids (default: yes).
+    #[serde(default = "yes")]
+    pub parse_special: bool,
+    /// Answer `{"id", "piece"}` objects instead of bare ids.
+    #[serde(default)]
+    pub with_pieces: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<u32>,
+}
+
+pub async fn tokenize(State(s): State<Shared>, body: Body) -> Result<Json<Value>, ApiError> {
+    let v = crate::routes::json_body(body, s.max_body_bytes).await?;
+    let req: TokenizeRequest = parse_json(&v)?;
+    let tok = s.tokenizer.clone();
+    // Long texts take a while: off the async workers.
+    let out = tokio::task::spawn_blocking(move || tokenize_reply(&tok, &req))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(Json(out))
+}
+
+pub fn tokenize_reply(tok: &Tokenizer, req: &TokenizeRequest) -> Value {
+    let mut ids = tok.encode(&req.content, req.parse_special);
+    if !req.add_special {
+        // `encode` adds exactly the BOS / EOS the file asks for: drop them.
+        if tok.add_bos() && tok.bos_id().is_some() && ids.first() == tok.bos_id().as_ref() {
+            ids.remove(0);
+        }
+        if tok.add_eos() && tok.eos_id().is_some() && ids.last() == tok.eos_id().as_ref() {
+            ids.pop();
+        }
+    }
+    if !req.with_pieces {
+        return json!({ "tokens": ids });
+    }
+    // llama-server: the piece as a string when it is valid UTF-8, else its
+    // bytes (a token may hold part of a character).
+    let tokens: Vec<Value> = ids
+        .iter()
+        .map(|&id| {
+            let bytes = tok.token_to_piece(id);
+            let piece = match std::str::from_utf8(bytes) {
+                Ok(s) => json!(s),
+                Err(_) => json!(bytes),
+            };
+            json!({ "id": id, "piece": piece })
+        })
+        .collect();
+    json!({ "tokens": tokens })
+}
+
+pub async fn detokenize(State(s): State<Shared>, body: Body) -> Result<Json<Value>, ApiError> {
+    let v = crate::routes::json_body(body, s.max_body_bytes).await?;
+    let req: DetokenizeRequest = parse_json(&v)?;
+    Ok(Json(detokenize_reply(&s.tokenizer, &req)?))
+}
+
+pub fn detokenize_reply(tok: &Tokenizer, req: &DetokenizeRequest) -> Result<Value, ApiError> {
+    let n = tok.vocab_size();
+    if let Some((i, &id)) = req
+        .tokens
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= n)
+    {
+        return Err(ApiError::invalid(
+            format!("tokens[{i}]"),
+            format!("token id {id} is outside the vocabulary of {n} tokens"),
+        ));
+    }
+    Ok(json!({ "content": tok.decode(&req.tokens) }))
+}
+
+/// `POST /v1/embeddings`: refused in OpenAI's error shape (the model is a
+/// generative one; no pooled hidden state is computed).
+pub async fn embeddings(State(s): State<Shared>) -> ApiError {
+    embeddings_refusal(&s.model_id)
+}
+
+fn embeddings_refusal(model: &str) -> ApiError {
+    ApiError::BadRequest {
+        message: format!(
+            "`{model}` is a generative model: this server does not compute embeddings \
+             (use /v1/chat/completions or /v1/completions)"
+        ),
+        param: Some("model".into()),
+        code: Some("embeddings_not_supported"),
+    }
+}
+
+/// The request fields that only adjust the logits: `presence_penalty`,
+/// `frequency_penalty` (OpenAI's range [-2, 2]) and `logit_bias` (token id
+/// → bias in [-100, 100], ids within the first `n_vocab`).
+pub fn apply_sampling_extras(
+    f: &SamplingFields,
+    n_vocab: usize,
+    cfg: &mut SamplerConfig,
+) -> Result<(), ApiError> {
+    for (name, v) in [
+        ("presence_penalty", f.presence_penalty),
+        ("frequency_penalty", f.frequency_penalty),
+    ] {
+        if let Some(x) = v {
+            if !(x.is_finite() && (-2.0..=2.0).contains(&x)) {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("`{name}` must be between -2 and 2, got {x}"),
+                ));
+            }
+        }
+    }
+    cfg.presence_penalty = f.presence_penalty.unwrap_or(0.0);
+    cfg.frequency_penalty = f.frequency_penalty.unwrap_or(0.0);
+    cfg.logit_bias.clear();
+    for (key, val) in f.logit_bias.iter().flatten() {
+        let param = format!("logit_bias.{key}");
+        let id: u32 = key.trim().parse().map_err(|_| {
+            ApiError::invalid(
+                &param,
+                format!("`logit_bias` keys are token ids, got `{key}`"),
+            )
+        })?;
+        if id as usize >= n_vocab {
+            return Err(ApiError::invalid(
+                &param,
+                format!("`logit_bias` token id {id} is outside the vocabulary of {n_vocab} tokens"),
+            ));
+        }
+        let bias = val.as_f64().filter(|b| (-100.0..=100.0).contains(b));
+        let Some(bias) = bias else {
+            return Err(ApiError::invalid(
+                &param,
+                format!("`logit_bias` values must be numbers between -100 and 100, got {val}"),
+            ));
+        };
+        cfg.logit_bias.push((id, bias as f32));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn fixture() -> Arc<Tokenizer> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/qwen3next/tiny-qwen3next-q8_0.gguf");
+        let file = redlite_gguf::GgufFile::open(&path).expect("fixture");
+        Arc::new(Tokenizer::from_gguf(file.metadata()).expect("fixture tokenizer"))
+    }
+
+    /// The fixture's Hugging Face `tokenizer.json`: an independent source for
+    /// token ids.
+    fn hf_vocab() -> Value {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/qwen3next/tokenizer.json");
+        let t: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        t["model"]["vocab"].clone()
+    }
+
+    fn tokenize_req(v: Value) -> Result<TokenizeRequest, ApiError> {
+        parse_json(&v)
+    }
+
+    fn param(e: ApiError) -> String {
+        e.body().error.param.unwrap_or_default()
+    }
+
+    #[test]
+    fn tokenize_matches_the_hf_vocabulary() {
+        let tok = fixture();
+        let vocab = hf_vocab();
+        let want = vec![vocab["token"].clone(), vocab["Ġtoken"].clone()];
+        let out = tokenize_reply(
+            &tok,
+            &tokenize_req(json!({"content": "token token"})).unwrap(),
+        );
+        assert_eq!(out["tokens"], Value::Array(want));
+        // `<|im_end|>` is id 511 in tokenizer.json's added_tokens: one id
+        // when parsed, several text pieces when not.
+        let parsed = tokenize_reply(
+            &tok,
+            &tokenize_req(json!({"content": "<|im_end|>"})).unwrap(),
+        );
+        assert_eq!(parsed["tokens"], json!([511]));
+        let plain = tokenize_reply(
+            &tok,
+            &tokenize_req(json!({"content": "<|im_end|>", "parse_special": false})).unwrap(),
+        );
+        assert!(plain["tokens"].as_array().unwrap().len() > 1, "{plain}");
+        // with_pieces: each id with its text.
+        let pieces = tokenize_reply(
+            &tok,
+            &tokenize_req(json!({"content": "token token", "with_pieces": true})).unwrap(),
+        );
+        assert_eq!(
+            pieces["tokens"],
+            json!([{"id": vocab["token"], "piece": "token"}, {"id": vocab["Ġtoken"], "piece": " token"}])
+        );
+    }
+
+    #[test]
+    fn detokenize_round_trips_and_refuses_unknown_ids() {
+        let tok = fixture();
+        let text = "Special tokens stay text: <|im_start|>user\nHello!<|im_end|>";
+        let ids = tokenize_reply(&tok, &tokenize_req(json!({ "content": text })).unwrap());
+        let req: DetokenizeRequest = parse_json(&ids).unwrap();
+        assert_eq!(
+            detokenize_reply(&tok, &req).unwrap()["content"],
+            json!(text)
+        );
+        let n = tok.vocab_size() as u32;
+        let req: DetokenizeRequest = parse_json(&json!({"tokens": [1, n]})).unwrap();
+        assert_eq!(
+            param(detokenize_reply(&tok, &req).unwrap_err()),
+            "tokens[1]"
+        );
+        // Field errors name the field.
+        let e = parse_json::<DetokenizeRequest>(&json!({"tokens": [1, -2]})).unwrap_err();
+        assert_eq!(param(e), "tokens[1]");
+        let e = parse_json::<DetokenizeRequest>(&json!({})).unwrap_err();
+        assert_eq!(param(e), "tokens");
+        let e = tokenize_req(json!({"content": 3})).unwrap_err();
+        assert_eq!(param(e), "content");
+        let e = tokenize_req(json!({"content": "a", "with_pieces": "yes"})).unwrap_err();
+        assert_eq!(param(e), "with_pieces");
+    }
+
+    #[test]
+    fn model_by_id_and_embeddings() {
+        let r = model_reply("demo", 5, "demo");
+        assert_eq!(r.status(), StatusCode::OK);
+        let r = model_reply("demo", 5, "gpt-4o");
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        let e = embeddings_refusal("demo");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            e.body().error.code.as_deref(),
+            Some("embeddings_not_supported")
+        );
+    }
+
+    fn extras(v: Value) -> Result<SamplerConfig, ApiError> {
+        let f: SamplingFields = parse_json(&v)?;
+        let mut cfg = SamplerConfig::default();
+        apply_sampling_extras(&f, 100, &mut cfg)?;
+        Ok(cfg)
+    }
+
+    #[test]
+    fn penalties_and_bias_are_checked_and_carried() {
+        let c = extras(json!({
+            "presence_penalty": 0.5, "frequency_penalty": -1.5,
+            "logit_bias": {"7": -100, "99": 2.5}
+        }))
+        .unwrap();
+        assert_eq!(c.presence_penalty, 0.5);
+        assert_eq!(c.frequency_penalty, -1.5);
+        let mut b = c.logit_bias.clone();
+        b.sort_by_key(|x| x.0);
+        assert_eq!(b, vec![(7, -100.0), (99, 2.5)]);
+        assert_eq!(
+            param(extras(json!({"presence_penalty": 2.5})).unwrap_err()),
+            "presence_penalty"
+        );
+        assert_eq!(
+            param(extras(json!({"frequency_penalty": -3})).unwrap_err()),
+            "frequency_penalty"
+        );
+        for bad in [
+            json!({"100": 1}),
+            json!({"x": 1}),
+            json!({"5": 101}),
+            json!({"5": "1"}),
+        ] {
+            let p = param(extras(json!({ "logit_bias": bad })).unwrap_err());
+            assert!(p.starts_with("logit_bias"), "{p}");
+        }
+    }
+}
