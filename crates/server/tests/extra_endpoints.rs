@@ -60,13 +60,23 @@ fn extra_endpoints_over_http() {
     assert_eq!(v["error"]["code"], "model_not_found");
     assert_eq!(v["error"]["type"], "invalid_request_error");
 
-    let (st, v) = http(&server, "POST", "/tokenize", r#"{"content": "token token"}"#);
+    let (st, v) = http(
+        &server,
+        "POST",
+        "/tokenize",
+        r#"{"content": "token token"}"#,
+    );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["tokens"], json!([hf_id("token"), hf_id("Ġtoken")]));
     let (st, v) = http(&server, "POST", "/detokenize", &v.to_string());
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["content"], "token token");
-    let (st, v) = http(&server, "POST", "/detokenize", r#"{"tokens": [1, 99999999]}"#);
+    let (st, v) = http(
+        &server,
+        "POST",
+        "/detokenize",
+        r#"{"tokens": [1, 99999999]}"#,
+    );
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["param"], "tokens[1]");
     let (st, v) = http(&server, "POST", "/tokenize", r#"{"text": "x"}"#);
