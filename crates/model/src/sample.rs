@@ -130,6 +130,38 @@ pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
     }
 }
 
+/// The log-probability of `chosen` and the `top` most likely tokens, from
+/// the log-softmax of `logits` over the whole vocabulary (computed in f64;
+/// ties keep the lower id first).
+pub fn log_probs(logits: &[f32], chosen: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| (l as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    let lp = |i: usize| (logits[i] as f64 - lse) as f32;
+    let chosen_lp = if (chosen as usize) < logits.len() {
+        lp(chosen as usize)
+    } else {
+        f32::NEG_INFINITY
+    };
+    // A partial selection: the top k without sorting the vocabulary.
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    let k = top.min(idx.len());
+    let by = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    if k > 0 && k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, by);
+    }
+    idx.truncate(k);
+    idx.sort_by(by);
+    (
+        chosen_lp,
+        idx.into_iter().map(|i| (i as u32, lp(i))).collect(),
+    )
+}
+
 impl SamplerConfig {
     /// Whether anything changes the logits before the choice (when nothing
     /// does, greedy needs no copy of the vocabulary).
@@ -349,5 +381,22 @@ mod tests {
         });
         // Token 1 outside the window: it wins.
         assert_eq!(s.sample(&logits, &[1, 1, 1, 2]), 1);
+    }
+
+    #[test]
+    fn log_probs_are_the_log_softmax() {
+        // logits [0, ln 3, ln 4] are probabilities 1/8, 3/8, 4/8 (softmax
+        // by definition).
+        let l = [0.0f32, 3f32.ln(), 4f32.ln(), f32::NEG_INFINITY];
+        let (c, top) = log_probs(&l, 1, 2);
+        assert!((c - (3.0f32 / 8.0).ln()).abs() < 1e-6, "{c}");
+        assert_eq!(top.len(), 2);
+        assert_eq!((top[0].0, top[1].0), (2, 1));
+        assert!((top[0].1 - 0.5f32.ln()).abs() < 1e-6);
+        assert!((top[1].1 - c).abs() < 1e-7);
+        let (c, top) = log_probs(&l, 3, 0);
+        assert_eq!(c, f32::NEG_INFINITY);
+        assert!(top.is_empty());
+        assert_eq!(log_probs(&l, 0, 10).1.len(), 4);
     }
 }

@@ -3,6 +3,7 @@
 //! request fields that only adjust the sampler (penalties, `logit_bias`).
 
 use crate::api::{ErrorBody, ErrorDetail, ModelCard, SamplingFields};
+use crate::engine::TokenLogprob;
 use crate::error::{parse_json, ApiError};
 use crate::routes::Shared;
 use axum::body::Body;
@@ -198,6 +199,106 @@ pub fn apply_sampling_extras(
         cfg.logit_bias.push((id, bias as f32));
     }
     Ok(())
+}
+
+/// How many alternatives per token a request asks for: chat's `logprobs`
+/// (bool) with `top_logprobs` (0..=20), completions' `logprobs` (0..=20).
+/// `None` when none are asked for. Streams do not carry them yet: a 400.
+pub fn logprobs_request(v: &Value, chat: bool, stream: bool) -> Result<Option<usize>, ApiError> {
+    let field = |name: &str| v.get(name).filter(|x| !x.is_null());
+    let top = |name: &str| -> Result<Option<usize>, ApiError> {
+        match field(name) {
+            None => Ok(None),
+            Some(x) => match x.as_u64().filter(|&k| k <= 20) {
+                Some(k) => Ok(Some(k as usize)),
+                None => Err(ApiError::invalid(
+                    name,
+                    format!("`{name}` must be an integer between 0 and 20, got {x}"),
+                )),
+            },
+        }
+    };
+    let k = if chat {
+        let on = match field("logprobs") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(x) => {
+                return Err(ApiError::invalid(
+                    "logprobs",
+                    format!("`logprobs` must be a boolean, got {x}"),
+                ))
+            }
+        };
+        let k = top("top_logprobs")?;
+        match (on, k) {
+            (false, Some(_)) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs: true`",
+                ))
+            }
+            (false, None) => None,
+            (true, k) => Some(k.unwrap_or(0)),
+        }
+    } else {
+        top("logprobs")?
+    };
+    if k.is_some() && stream {
+        return Err(ApiError::invalid(
+            "logprobs",
+            "`logprobs` is not supported with `stream: true` by this server",
+        ));
+    }
+    Ok(k)
+}
+
+fn piece(tok: &Tokenizer, id: u32) -> (String, &[u8]) {
+    let b = tok.token_to_piece(id);
+    (String::from_utf8_lossy(b).into_owned(), b)
+}
+
+/// Chat's `choices[].logprobs`: `{"content": [{token, logprob, bytes,
+/// top_logprobs}]}` (over every generated token, reasoning and tool-call
+/// text included).
+pub fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|t| {
+            let (text, bytes) = piece(tok, t.id);
+            let top: Vec<Value> = t
+                .top
+                .iter()
+                .map(|&(id, lp)| {
+                    let (text, bytes) = piece(tok, id);
+                    json!({"token": text, "logprob": lp, "bytes": bytes})
+                })
+                .collect();
+            json!({"token": text, "logprob": t.logprob, "bytes": bytes, "top_logprobs": top})
+        })
+        .collect();
+    json!({ "content": content, "refusal": null })
+}
+
+/// Legacy completions' `choices[].logprobs`: parallel lists of tokens,
+/// their log-probabilities, `{token: logprob}` maps of the top ones, and
+/// each token's byte offset in the text.
+pub fn completion_logprobs(tok: &Tokenizer, lps: &[TokenLogprob]) -> Value {
+    let mut offset = 0usize;
+    let (mut tokens, mut lp, mut top, mut offs) = (vec![], vec![], vec![], vec![]);
+    for t in lps {
+        let (text, bytes) = piece(tok, t.id);
+        offs.push(offset);
+        offset += bytes.len();
+        tokens.push(text);
+        lp.push(t.logprob);
+        let m: serde_json::Map<String, Value> = t
+            .top
+            .iter()
+            .map(|&(id, l)| (piece(tok, id).0, json!(l)))
+            .collect();
+        top.push(Value::Object(m));
+    }
+    json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offs})
 }
 
 #[cfg(test)]

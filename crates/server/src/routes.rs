@@ -213,6 +213,7 @@ fn submit(
     prompt: Vec<u32>,
     max_tokens: usize,
     g: &GenParams,
+    logprobs: Option<usize>,
 ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, ApiError> {
     let queued =
         s.metrics.queued.load(Ordering::SeqCst) + s.metrics.processing.load(Ordering::SeqCst);
@@ -229,6 +230,7 @@ fn submit(
         sampler: g.sampler.clone(),
         stop: g.stop.clone(),
         events: tx,
+        logprobs,
     };
     if !s.engine.submit(job) {
         return Err(ApiError::Internal("the engine thread stopped".into()));
@@ -315,7 +317,8 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
     .map_err(|e| ApiError::Internal(e.to_string()))??;
     request::check_prompt_len(p.ids.len(), &s.limits, "messages")?;
     let budget = g.budget(p.ids.len(), &s.limits, s.limits.max_tokens_limit);
-    let mut rx = submit(&s, p.ids, budget, &g)?;
+    let lp = crate::extra::logprobs_request(&v, true, g.stream)?;
+    let mut rx = submit(&s, p.ids, budget, &g, lp)?;
     let meta = Meta {
         id: stream::new_id("chatcmpl-"),
         created: stream::now_secs(),
@@ -327,10 +330,11 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         return Ok(sse_response(SseStream::new(rx, Box::new(chunker))));
     }
     let (text, done) = stream::collect(&mut rx).await?;
-    Ok(Json(stream::chat_completion(
-        &meta, parser, &p.prefix, &text, &done,
-    ))
-    .into_response())
+    let mut out = stream::chat_completion(&meta, parser, &p.prefix, &text, &done);
+    if lp.is_some() {
+        out.choices[0].logprobs = Some(crate::extra::chat_logprobs(&s.tokenizer, &done.logprobs));
+    }
+    Ok(Json(out).into_response())
 }
 
 async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, ApiError> {
@@ -353,7 +357,8 @@ async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, Ap
     request::check_prompt_len(ids.len(), &s.limits, "prompt")?;
     // OpenAI's default for legacy completions is 16 tokens.
     let budget = g.budget(ids.len(), &s.limits, 16);
-    let mut rx = submit(&s, ids, budget, &g)?;
+    let lp = crate::extra::logprobs_request(&v, false, g.stream)?;
+    let mut rx = submit(&s, ids, budget, &g, lp)?;
     let meta = Meta {
         id: stream::new_id("cmpl-"),
         created: stream::now_secs(),
@@ -367,5 +372,12 @@ async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, Ap
         return Ok(sse_response(SseStream::new(rx, Box::new(chunker))));
     }
     let (text, done) = stream::collect(&mut rx).await?;
-    Ok(Json(stream::completion(&meta, text, &done)).into_response())
+    let mut out = stream::completion(&meta, text, &done);
+    if lp.is_some() {
+        out.choices[0].logprobs = Some(crate::extra::completion_logprobs(
+            &s.tokenizer,
+            &done.logprobs,
+        ));
+    }
+    Ok(Json(out).into_response())
 }
