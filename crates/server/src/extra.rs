@@ -441,4 +441,54 @@ mod tests {
             assert!(p.starts_with("logit_bias"), "{p}");
         }
     }
+
+    #[test]
+    fn logprobs_requests_are_checked() {
+        let lp = |v: Value, chat: bool, stream: bool| logprobs_request(&v, chat, stream);
+        assert_eq!(lp(json!({}), true, false).unwrap(), None);
+        assert_eq!(lp(json!({"logprobs": true}), true, false).unwrap(), Some(0));
+        assert_eq!(
+            lp(json!({"logprobs": true, "top_logprobs": 3}), true, false).unwrap(),
+            Some(3)
+        );
+        assert_eq!(lp(json!({"logprobs": 2}), false, false).unwrap(), Some(2));
+        for (v, chat, stream, want) in [
+            (json!({"top_logprobs": 3}), true, false, "top_logprobs"),
+            (
+                json!({"logprobs": true, "top_logprobs": 21}),
+                true,
+                false,
+                "top_logprobs",
+            ),
+            (json!({"logprobs": 1}), true, false, "logprobs"),
+            (json!({"logprobs": -1}), false, false, "logprobs"),
+            (json!({"logprobs": true}), true, true, "logprobs"),
+            (json!({"logprobs": 0}), false, true, "logprobs"),
+        ] {
+            assert_eq!(param(lp(v.clone(), chat, stream).unwrap_err()), want, "{v}");
+        }
+    }
+
+    #[test]
+    fn logprob_shapes() {
+        let tok = fixture();
+        let vocab = hf_vocab();
+        let id = vocab["token"].as_u64().unwrap() as u32;
+        let alt = vocab["vocab"].as_u64().unwrap() as u32;
+        let lps = [TokenLogprob {
+            id,
+            logprob: -0.5,
+            top: vec![(id, -0.5), (alt, -1.5)],
+        }];
+        let c = chat_logprobs(&tok, &lps);
+        assert_eq!(c["content"][0]["token"], "token");
+        assert_eq!(c["content"][0]["bytes"], json!(b"token".to_vec()));
+        assert_eq!(c["content"][0]["top_logprobs"][1]["token"], "vocab");
+        assert_eq!(c["content"][0]["top_logprobs"][1]["logprob"], -1.5);
+        let c = completion_logprobs(&tok, &[lps[0].clone(), lps[0].clone()]);
+        assert_eq!(c["tokens"], json!(["token", "token"]));
+        assert_eq!(c["token_logprobs"], json!([-0.5, -0.5]));
+        assert_eq!(c["top_logprobs"][0]["vocab"], -1.5);
+        assert_eq!(c["text_offset"], json!([0, 5]));
+    }
 }

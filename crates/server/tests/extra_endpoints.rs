@@ -114,4 +114,38 @@ fn extra_endpoints_over_http() {
     let (st, v) = http(&server, "POST", "/v1/completions", &req.to_string());
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["param"], "n");
+
+    // logprobs: one entry per generated token; under greedy the chosen
+    // token is the most likely one; a +100 bias makes it certain (the
+    // log-probabilities are taken after the bias).
+    let req = json!({"prompt": "a b c", "max_tokens": 3, "temperature": 0, "logprobs": 2});
+    let (st, v) = http(&server, "POST", "/v1/completions", &req.to_string());
+    assert_eq!(st, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    let n = v["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), n, "{v}");
+    for i in 0..n {
+        let chosen = lp["token_logprobs"][i].as_f64().unwrap();
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert_eq!(top.len(), 2, "{v}");
+        let best = top
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert!(chosen <= 0.0 && (chosen - best).abs() < 1e-6, "{v}");
+    }
+    let id = hf_id("token");
+    let req = json!({"prompt": "a b c", "max_tokens": 1, "temperature": 0, "logprobs": 0,
+                     "logit_bias": {id.to_string(): 100}});
+    let (st, v) = http(&server, "POST", "/v1/completions", &req.to_string());
+    assert_eq!(st, 200, "{v}");
+    let chosen = v["choices"][0]["logprobs"]["token_logprobs"][0]
+        .as_f64()
+        .unwrap();
+    assert!(chosen > -1e-3, "{v}");
+    let req = json!({"prompt": "a", "max_tokens": 1, "logprobs": 1, "stream": true});
+    let (st, v) = http(&server, "POST", "/v1/completions", &req.to_string());
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "logprobs");
+    // Chat logprobs need a chat template: tests/python/test_extra.py.
 }
