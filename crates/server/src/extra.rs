@@ -2,10 +2,14 @@
 //! `/tokenize` and `/detokenize`, the refusal of `/v1/embeddings`; and the
 //! request fields that only adjust the sampler (penalties, `logit_bias`).
 
-use crate::api::{ErrorBody, ErrorDetail, ModelCard, SamplingFields};
-use crate::engine::TokenLogprob;
+use crate::api::{
+    ChatCompletionChunk, ChunkChoice, Completion, CompletionChoice, Delta, ErrorBody, ErrorDetail,
+    ModelCard, SamplingFields,
+};
+use crate::engine::{Done, TokenLogprob};
 use crate::error::{parse_json, ApiError};
 use crate::routes::Shared;
+use crate::stream::{self, Chunker, Meta};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -15,6 +19,7 @@ use redlite_model::sample::SamplerConfig;
 use redlite_tokenizer::Tokenizer;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// `GET /v1/models/{id}`: the card of the served model, or OpenAI's 404.
 pub async fn model(State(s): State<Shared>, Path(id): Path<String>) -> Response {
@@ -203,8 +208,8 @@ pub fn apply_sampling_extras(
 
 /// How many alternatives per token a request asks for: chat's `logprobs`
 /// (bool) with `top_logprobs` (0..=20), completions' `logprobs` (0..=20).
-/// `None` when none are asked for. Streams do not carry them yet: a 400.
-pub fn logprobs_request(v: &Value, chat: bool, stream: bool) -> Result<Option<usize>, ApiError> {
+/// `None` when none are asked for.
+pub fn logprobs_request(v: &Value, chat: bool) -> Result<Option<usize>, ApiError> {
     let field = |name: &str| v.get(name).filter(|x| !x.is_null());
     let top = |name: &str| -> Result<Option<usize>, ApiError> {
         match field(name) {
@@ -243,12 +248,6 @@ pub fn logprobs_request(v: &Value, chat: bool, stream: bool) -> Result<Option<us
     } else {
         top("logprobs")?
     };
-    if k.is_some() && stream {
-        return Err(ApiError::invalid(
-            "logprobs",
-            "`logprobs` is not supported with `stream: true` by this server",
-        ));
-    }
     Ok(k)
 }
 
@@ -299,6 +298,96 @@ pub fn completion_logprobs(tok: &Tokenizer, lps: &[TokenLogprob]) -> Value {
         top.push(Value::Object(m));
     }
     json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offs})
+}
+
+/// Adds the log-probabilities to a stream: one chunk carrying every
+/// generated token's entry, just before the chunk with `finish_reason`
+/// (the engine reports them with the end of the job; clients concatenate
+/// the `logprobs` of the chunks).
+pub struct LogprobChunker {
+    pub inner: Box<dyn Chunker>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub meta: Meta,
+    pub chat: bool,
+    pub include_usage: bool,
+}
+
+impl LogprobChunker {
+    fn chunk(&self, d: &Done) -> String {
+        let usage = self.include_usage.then_some(None);
+        let v = if self.chat {
+            serde_json::to_value(ChatCompletionChunk {
+                id: self.meta.id.clone(),
+                object: "chat.completion.chunk",
+                created: self.meta.created,
+                model: self.meta.model.clone(),
+                system_fingerprint: stream::fingerprint(),
+                choices: vec![ChunkChoice {
+                    index: 0,
+                    delta: Delta::default(),
+                    logprobs: Some(chat_logprobs(&self.tokenizer, &d.logprobs)),
+                    finish_reason: None,
+                }],
+                usage,
+            })
+        } else {
+            serde_json::to_value(Completion {
+                id: self.meta.id.clone(),
+                object: "text_completion",
+                created: self.meta.created,
+                model: self.meta.model.clone(),
+                system_fingerprint: stream::fingerprint(),
+                choices: vec![CompletionChoice {
+                    index: 0,
+                    text: String::new(),
+                    logprobs: Some(completion_logprobs(&self.tokenizer, &d.logprobs)),
+                    finish_reason: None,
+                }],
+                usage,
+            })
+        };
+        format!("data: {}\n\n", v.unwrap_or_default())
+    }
+}
+
+impl Chunker for LogprobChunker {
+    fn start(&mut self) -> Vec<String> {
+        self.inner.start()
+    }
+    fn text(&mut self, t: &str) -> Vec<String> {
+        self.inner.text(t)
+    }
+    fn done(&mut self, d: &Done) -> Vec<String> {
+        let mut out = self.inner.done(d);
+        // Before the finish chunk: the inner chunker's done ends with it,
+        // then the usage chunk when asked for.
+        let at = out
+            .len()
+            .saturating_sub(1 + usize::from(self.include_usage));
+        out.insert(at, self.chunk(d));
+        out
+    }
+}
+
+/// Wrap `inner` when the request asked for log-probabilities.
+pub fn stream_chunker(
+    inner: Box<dyn Chunker>,
+    logprobs: Option<usize>,
+    tokenizer: &Arc<Tokenizer>,
+    meta: Meta,
+    chat: bool,
+    include_usage: bool,
+) -> Box<dyn Chunker> {
+    match logprobs {
+        None => inner,
+        Some(_) => Box::new(LogprobChunker {
+            inner,
+            tokenizer: tokenizer.clone(),
+            meta,
+            chat,
+            include_usage,
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -444,28 +533,27 @@ mod tests {
 
     #[test]
     fn logprobs_requests_are_checked() {
-        let lp = |v: Value, chat: bool, stream: bool| logprobs_request(&v, chat, stream);
-        assert_eq!(lp(json!({}), true, false).unwrap(), None);
-        assert_eq!(lp(json!({"logprobs": true}), true, false).unwrap(), Some(0));
+        let lp = |v: Value, chat: bool| logprobs_request(&v, chat);
+        assert_eq!(lp(json!({}), true).unwrap(), None);
+        assert_eq!(lp(json!({"logprobs": false}), true).unwrap(), None);
+        assert_eq!(lp(json!({"logprobs": true}), true).unwrap(), Some(0));
         assert_eq!(
-            lp(json!({"logprobs": true, "top_logprobs": 3}), true, false).unwrap(),
+            lp(json!({"logprobs": true, "top_logprobs": 3}), true).unwrap(),
             Some(3)
         );
-        assert_eq!(lp(json!({"logprobs": 2}), false, false).unwrap(), Some(2));
-        for (v, chat, stream, want) in [
-            (json!({"top_logprobs": 3}), true, false, "top_logprobs"),
+        assert_eq!(lp(json!({"logprobs": 2}), false).unwrap(), Some(2));
+        for (v, chat, want) in [
+            (json!({"top_logprobs": 3}), true, "top_logprobs"),
             (
                 json!({"logprobs": true, "top_logprobs": 21}),
                 true,
-                false,
                 "top_logprobs",
             ),
-            (json!({"logprobs": 1}), true, false, "logprobs"),
-            (json!({"logprobs": -1}), false, false, "logprobs"),
-            (json!({"logprobs": true}), true, true, "logprobs"),
-            (json!({"logprobs": 0}), false, true, "logprobs"),
+            (json!({"logprobs": 1}), true, "logprobs"),
+            (json!({"logprobs": -1}), false, "logprobs"),
+            (json!({"logprobs": 21}), false, "logprobs"),
         ] {
-            assert_eq!(param(lp(v.clone(), chat, stream).unwrap_err()), want, "{v}");
+            assert_eq!(param(lp(v.clone(), chat).unwrap_err()), want, "{v}");
         }
     }
 

@@ -317,7 +317,7 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
     .map_err(|e| ApiError::Internal(e.to_string()))??;
     request::check_prompt_len(p.ids.len(), &s.limits, "messages")?;
     let budget = g.budget(p.ids.len(), &s.limits, s.limits.max_tokens_limit);
-    let lp = crate::extra::logprobs_request(&v, true, g.stream)?;
+    let lp = crate::extra::logprobs_request(&v, true)?;
     let mut rx = submit(&s, p.ids, budget, &g, lp)?;
     let meta = Meta {
         id: stream::new_id("chatcmpl-"),
@@ -326,8 +326,16 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
     };
     let parser = ChatParser::new(plan.parse, think, p.in_think);
     if g.stream {
-        let chunker = ChatChunker::new(meta, parser, p.prefix, g.include_usage);
-        return Ok(sse_response(SseStream::new(rx, Box::new(chunker))));
+        let chunker = ChatChunker::new(meta.clone(), parser, p.prefix, g.include_usage);
+        let chunker = crate::extra::stream_chunker(
+            Box::new(chunker),
+            lp,
+            &s.tokenizer,
+            meta,
+            true,
+            g.include_usage,
+        );
+        return Ok(sse_response(SseStream::new(rx, chunker)));
     }
     let (text, done) = stream::collect(&mut rx).await?;
     let mut out = stream::chat_completion(&meta, parser, &p.prefix, &text, &done);
@@ -357,7 +365,7 @@ async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, Ap
     request::check_prompt_len(ids.len(), &s.limits, "prompt")?;
     // OpenAI's default for legacy completions is 16 tokens.
     let budget = g.budget(ids.len(), &s.limits, 16);
-    let lp = crate::extra::logprobs_request(&v, false, g.stream)?;
+    let lp = crate::extra::logprobs_request(&v, false)?;
     let mut rx = submit(&s, ids, budget, &g, lp)?;
     let meta = Meta {
         id: stream::new_id("cmpl-"),
@@ -366,10 +374,18 @@ async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, Ap
     };
     if g.stream {
         let chunker = CompletionChunker {
-            meta,
+            meta: meta.clone(),
             include_usage: g.include_usage,
         };
-        return Ok(sse_response(SseStream::new(rx, Box::new(chunker))));
+        let chunker = crate::extra::stream_chunker(
+            Box::new(chunker),
+            lp,
+            &s.tokenizer,
+            meta,
+            false,
+            g.include_usage,
+        );
+        return Ok(sse_response(SseStream::new(rx, chunker)));
     }
     let (text, done) = stream::collect(&mut rx).await?;
     let mut out = stream::completion(&meta, text, &done);

@@ -38,6 +38,27 @@ fn http(server: &RunningServer, method: &str, path: &str, body: &str) -> (u16, V
     (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
+/// A streamed answer's `data:` events as JSON (without `[DONE]`).
+fn sse_events(server: &RunningServer, path: &str, body: &str) -> Vec<Value> {
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    // Chunk sizes are lines of hex digits: the events are the `data:` lines.
+    resp.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|l| *l != "[DONE]")
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// Token ids from the fixture's Hugging Face `tokenizer.json` (an
 /// independent source).
 fn hf_id(piece: &str) -> u64 {
@@ -143,9 +164,23 @@ fn extra_endpoints_over_http() {
         .as_f64()
         .unwrap();
     assert!(chosen > -1e-3, "{v}");
-    let req = json!({"prompt": "a", "max_tokens": 1, "logprobs": 1, "stream": true});
-    let (st, v) = http(&server, "POST", "/v1/completions", &req.to_string());
-    assert_eq!(st, 400, "{v}");
-    assert_eq!(v["error"]["param"], "logprobs");
+    // Streamed: the same entries, in a chunk before the one that finishes.
+    let req = json!({"prompt": "a b c", "max_tokens": 3, "temperature": 0, "logprobs": 2});
+    let (_, whole) = http(&server, "POST", "/v1/completions", &req.to_string());
+    let mut req = req;
+    req["stream"] = json!(true);
+    req["stream_options"] = json!({"include_usage": true});
+    let events = sse_events(&server, "/v1/completions", &req.to_string());
+    let with_lp: Vec<usize> = (0..events.len())
+        .filter(|&i| !events[i]["choices"][0]["logprobs"].is_null())
+        .collect();
+    assert_eq!(with_lp.len(), 1, "{events:?}");
+    let lp = &events[with_lp[0]]["choices"][0]["logprobs"];
+    assert_eq!(lp, &whole["choices"][0]["logprobs"], "{events:?}");
+    let finish = (0..events.len())
+        .find(|&i| !events[i]["choices"][0]["finish_reason"].is_null())
+        .unwrap();
+    assert!(with_lp[0] < finish, "{events:?}");
+    assert!(events.last().unwrap()["usage"].is_object(), "{events:?}");
     // Chat logprobs need a chat template: tests/python/test_extra.py.
 }

@@ -73,3 +73,19 @@ def test_logit_bias_bans_the_greedy_token(client, model_id):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(**dict(kw, frequency_penalty=3))
     assert e.value.body["param"] == "frequency_penalty"
+
+
+def test_chat_logprobs_streamed(client, model_id):
+    kw = dict(model=model_id, messages=[{"role": "user", "content": "Say hello."}],
+              max_tokens=5, temperature=0, logprobs=True, top_logprobs=2,
+              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    whole = client.chat.completions.create(**kw)
+    text, lps = "", []
+    for c in client.chat.completions.create(**kw, stream=True):
+        if c.choices and c.choices[0].delta.content:
+            text += c.choices[0].delta.content
+        if c.choices and c.choices[0].logprobs:
+            lps += c.choices[0].logprobs.content
+    assert text == whole.choices[0].message.content
+    assert [t.token for t in lps] == [t.token for t in whole.choices[0].logprobs.content]
+    assert "".join(t.token for t in lps) == text
