@@ -246,6 +246,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         repeat_penalty: args.repeat_penalty,
         repeat_last_n: args.repeat_last_n,
         seed,
+        ..Default::default()
     });
 
     let mut session = engine.open_sequence(ctx)?;

@@ -1,5 +1,6 @@
 //! Choosing the next token from logits: greedy, temperature, top-k, top-p,
-//! min-p, repeat penalty, with a seeded RNG. Independent of architecture.
+//! min-p, repeat / presence / frequency penalties and per-token logit bias,
+//! with a seeded RNG. Independent of architecture.
 
 /// A small seeded RNG (SplitMix64): the same seed gives the same tokens.
 #[derive(Clone, Debug)]
@@ -34,8 +35,20 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// 1.0 disables.
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// How many recent tokens the penalties look at (llama.cpp's
+    /// `penalty_last_n`, shared by the repeat, presence and frequency
+    /// penalties).
     pub repeat_last_n: usize,
+    /// OpenAI's `presence_penalty`: subtracted once from the logit of every
+    /// token seen in the window. 0.0 disables.
+    pub presence_penalty: f32,
+    /// OpenAI's `frequency_penalty`: subtracted from a token's logit once per
+    /// occurrence in the window. 0.0 disables.
+    pub frequency_penalty: f32,
+    /// Added to the logits of the listed token ids before anything else
+    /// (OpenAI's `logit_bias`); ids outside the vocabulary are ignored here
+    /// (the server refuses them).
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
 }
 
@@ -48,6 +61,9 @@ impl Default for SamplerConfig {
             min_p: 0.0,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -86,6 +102,94 @@ pub fn apply_repeat_penalty(logits: &mut [f32], recent: &[u32], penalty: f32) {
     }
 }
 
+/// OpenAI's presence and frequency penalties (the formula of its API
+/// reference, as llama.cpp's penalties sampler applies it):
+/// `logit[j] -= count[j] * frequency + (count[j] > 0) * presence`, with the
+/// counts taken over `recent`.
+pub fn apply_presence_frequency(logits: &mut [f32], recent: &[u32], presence: f32, frequency: f32) {
+    if presence == 0.0 && frequency == 0.0 {
+        return;
+    }
+    let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    for &t in recent {
+        *counts.entry(t).or_insert(0) += 1;
+    }
+    for (t, c) in counts {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l -= c as f32 * frequency + presence;
+        }
+    }
+}
+
+/// Add each bias to its token's logit (ids outside `logits` are skipped).
+pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
+    for &(t, b) in bias {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l += b;
+        }
+    }
+}
+
+/// The log-probability of `chosen` and the `top` most likely tokens, from
+/// the log-softmax of `logits` over the whole vocabulary (computed in f64;
+/// ties keep the lower id first).
+pub fn log_probs(logits: &[f32], chosen: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| (l as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    let lp = |i: usize| (logits[i] as f64 - lse) as f32;
+    let chosen_lp = if (chosen as usize) < logits.len() {
+        lp(chosen as usize)
+    } else {
+        f32::NEG_INFINITY
+    };
+    // A partial selection: the top k without sorting the vocabulary.
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    let k = top.min(idx.len());
+    let by = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    if k > 0 && k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, by);
+    }
+    idx.truncate(k);
+    idx.sort_by(by);
+    (
+        chosen_lp,
+        idx.into_iter().map(|i| (i as u32, lp(i))).collect(),
+    )
+}
+
+impl SamplerConfig {
+    /// Whether anything changes the logits before the choice (when nothing
+    /// does, greedy needs no copy of the vocabulary).
+    fn adjusts_logits(&self) -> bool {
+        self.repeat_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || !self.logit_bias.is_empty()
+    }
+
+    /// The logits after bias and penalties, in llama.cpp's order (logit bias,
+    /// then the penalties over the last `repeat_last_n` tokens of `history`).
+    pub fn adjusted_logits(&self, logits: &[f32], history: &[u32]) -> Vec<f32> {
+        let mut l = logits.to_vec();
+        apply_logit_bias(&mut l, &self.logit_bias);
+        let start = history.len().saturating_sub(self.repeat_last_n);
+        let recent = &history[start..];
+        apply_repeat_penalty(&mut l, recent, self.repeat_penalty);
+        apply_presence_frequency(
+            &mut l,
+            recent,
+            self.presence_penalty,
+            self.frequency_penalty,
+        );
+        l
+    }
+}
+
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
         let rng = Rng::new(cfg.seed);
@@ -99,13 +203,11 @@ impl Sampler {
     /// Pick a token. `history` is the sequence so far (for the penalty).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let c = &self.cfg;
-        if c.temperature <= 0.0 && c.repeat_penalty == 1.0 {
+        if c.temperature <= 0.0 && !c.adjusts_logits() {
             // Greedy with nothing to adjust: no copy of the vocabulary.
             return argmax(logits) as u32;
         }
-        let mut l = logits.to_vec();
-        let start = history.len().saturating_sub(c.repeat_last_n);
-        apply_repeat_penalty(&mut l, &history[start..], c.repeat_penalty);
+        let l = c.adjusted_logits(logits, history);
         if c.temperature <= 0.0 || l.len() <= 1 {
             return argmax(&l) as u32;
         }
@@ -216,5 +318,85 @@ mod tests {
         let mut l = vec![-1.0f32, 1.0];
         apply_repeat_penalty(&mut l, &[0, 1, 1], 2.0);
         assert_eq!(l, vec![-2.0, 0.5]);
+    }
+
+    #[test]
+    fn logit_bias_of_minus_100_is_never_picked() {
+        // Token 1 wins greedily; a -100 bias removes it, a +100 bias on
+        // token 3 makes it win even though its logit is the lowest.
+        let logits = [0.1f32, 3.0, 2.9, -1.0];
+        let mut s = Sampler::new(SamplerConfig {
+            logit_bias: vec![(1, -100.0)],
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&logits, &[]), 2);
+        let mut s = Sampler::new(SamplerConfig {
+            logit_bias: vec![(3, 100.0)],
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&logits, &[]), 3);
+        // Sampled at temperature 1 as well: token 1 never comes out.
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            logit_bias: vec![(1, -100.0), (99, 5.0)],
+            seed: 7,
+            ..Default::default()
+        });
+        assert!((0..200).all(|_| s.sample(&logits, &[]) != 1));
+    }
+
+    #[test]
+    fn presence_and_frequency_follow_the_openai_formula() {
+        // logit[j] -= count[j] * frequency + (count[j] > 0) * presence
+        // (OpenAI API reference, "Frequency and presence penalties").
+        let mut l = vec![1.0f32, 1.0, 1.0];
+        apply_presence_frequency(&mut l, &[0, 0, 0, 2], 0.5, 0.25);
+        assert_eq!(l, vec![1.0 - 0.75 - 0.5, 1.0, 1.0 - 0.25 - 0.5]);
+        // A repeated token stops winning under a frequency penalty, and
+        // only the last `repeat_last_n` tokens count.
+        let logits = [0.0f32, 2.0, 1.5];
+        let history = [1u32, 1, 1];
+        assert_eq!(Sampler::greedy().sample(&logits, &history), 1);
+        let mut s = Sampler::new(SamplerConfig {
+            frequency_penalty: 2.0,
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&logits, &history), 2);
+        let mut s = Sampler::new(SamplerConfig {
+            presence_penalty: 1.0,
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&logits, &history), 2);
+        let mut s = Sampler::new(SamplerConfig {
+            frequency_penalty: 2.0,
+            repeat_last_n: 1,
+            ..Default::default()
+        });
+        // One occurrence in the window: 2.0 - 2.0 = 0.0 < 1.5.
+        assert_eq!(s.sample(&logits, &[1, 2, 2, 1]), 2);
+        let mut s = Sampler::new(SamplerConfig {
+            frequency_penalty: 2.0,
+            repeat_last_n: 1,
+            ..Default::default()
+        });
+        // Token 1 outside the window: it wins.
+        assert_eq!(s.sample(&logits, &[1, 1, 1, 2]), 1);
+    }
+
+    #[test]
+    fn log_probs_are_the_log_softmax() {
+        // logits [0, ln 3, ln 4] are probabilities 1/8, 3/8, 4/8 (softmax
+        // by definition).
+        let l = [0.0f32, 3f32.ln(), 4f32.ln(), f32::NEG_INFINITY];
+        let (c, top) = log_probs(&l, 1, 2);
+        assert!((c - (3.0f32 / 8.0).ln()).abs() < 1e-6, "{c}");
+        assert_eq!(top.len(), 2);
+        assert_eq!((top[0].0, top[1].0), (2, 1));
+        assert!((top[0].1 - 0.5f32.ln()).abs() < 1e-6);
+        assert!((top[1].1 - c).abs() < 1e-7);
+        let (c, top) = log_probs(&l, 3, 0);
+        assert_eq!(c, f32::NEG_INFINITY);
+        assert!(top.is_empty());
+        assert_eq!(log_probs(&l, 0, 10).1.len(), 4);
     }
 }

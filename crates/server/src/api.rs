@@ -60,6 +60,13 @@ pub struct SamplingFields {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub n: Option<u64>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    /// Token id (as a string) → bias; checked in `extra`.
+    #[serde(default)]
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
 }
 
 /// `POST /v1/chat/completions` (its sampling fields are read separately as

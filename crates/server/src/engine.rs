@@ -44,6 +44,17 @@ pub struct Done {
     pub ttft_secs: f64,
     pub prompt_secs: f64,
     pub decode_secs: f64,
+    /// One entry per generated token when the job asked for log-probabilities.
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// A generated token's log-probability and the most likely alternatives
+/// (after logit bias and penalties, before temperature and truncation).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 /// What a job sends back.
@@ -63,6 +74,8 @@ pub struct Job {
     pub sampler: SamplerConfig,
     pub stop: Vec<String>,
     pub events: UnboundedSender<Event>,
+    /// `Some(k)`: report each token's log-probability and the top `k`.
+    pub logprobs: Option<usize>,
 }
 
 /// How the engine runs.
@@ -317,6 +330,7 @@ impl Engine {
         let t1 = Instant::now();
         let send = |text: String| text.is_empty() || job.events.send(Event::Text(text)).is_ok();
         let mut cancelled = false;
+        let mut logprobs = Vec::new();
         for i in 0..job.max_tokens {
             if job.events.is_closed() {
                 cancelled = true;
@@ -326,6 +340,17 @@ impl Engine {
             if self.tok.is_eog(next) {
                 finish = Finish::Stop;
                 break;
+            }
+            if let Some(k) = job.logprobs {
+                // The distribution the choice was made from, before
+                // temperature: bias and penalties applied (OpenAI's).
+                let adjusted = job.sampler.adjusted_logits(&logits, &history);
+                let (logprob, top) = redlite_model::sample::log_probs(&adjusted, next, k);
+                logprobs.push(TokenLogprob {
+                    id: next,
+                    logprob,
+                    top,
+                });
             }
             generated += 1;
             history.push(next);
@@ -374,6 +399,7 @@ impl Engine {
             ttft_secs: ttft.unwrap_or(prompt_secs),
             prompt_secs,
             decode_secs,
+            logprobs,
         }))
     }
 }
@@ -475,6 +501,7 @@ mod tests {
             sampler: SamplerConfig::default(),
             stop: Vec::new(),
             events: tx,
+            logprobs: None,
         }));
         loop {
             match rx.blocking_recv().expect("the engine answers") {

@@ -17,6 +17,7 @@
 pub mod api;
 pub mod engine;
 pub mod error;
+pub mod extra;
 pub mod metrics;
 pub mod parse;
 pub mod request;

@@ -91,6 +91,7 @@ pub fn gen_params(s: &SamplingFields, limits: &Limits) -> Result<GenParams, ApiE
             repeat_penalty: s.repeat_penalty.unwrap_or(1.0),
             repeat_last_n: 64,
             seed,
+            ..SamplerConfig::default()
         },
         stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
         stream: s.stream.unwrap_or(false),

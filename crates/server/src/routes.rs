@@ -50,6 +50,12 @@ pub fn router(state: Shared) -> Router {
         .route("/health", get(health))
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/v1/models/{id}", get(crate::extra::model))
+        .route("/models/{id}", get(crate::extra::model))
+        .route("/tokenize", post(crate::extra::tokenize))
+        .route("/detokenize", post(crate::extra::detokenize))
+        .route("/v1/embeddings", post(crate::extra::embeddings))
+        .route("/embeddings", post(crate::extra::embeddings))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
@@ -67,6 +73,10 @@ const ENDPOINTS: &[&str] = &[
     "/health",
     "/v1/health",
     "/metrics",
+    "/tokenize",
+    "/detokenize",
+    "/v1/embeddings",
+    "/embeddings",
 ];
 
 /// Count every answer by endpoint and status.
@@ -179,7 +189,7 @@ async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
 const DRAIN_CAP: usize = 64 << 20;
 
 /// The body as a JSON object; 413 over the limit, 400 when it is not JSON.
-async fn json_body(body: Body, limit: usize) -> Result<serde_json::Value, ApiError> {
+pub(crate) async fn json_body(body: Body, limit: usize) -> Result<serde_json::Value, ApiError> {
     let bytes = read_body(body, limit).await?;
     let v: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest {
@@ -203,6 +213,7 @@ fn submit(
     prompt: Vec<u32>,
     max_tokens: usize,
     g: &GenParams,
+    logprobs: Option<usize>,
 ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, ApiError> {
     let queued =
         s.metrics.queued.load(Ordering::SeqCst) + s.metrics.processing.load(Ordering::SeqCst);
@@ -219,6 +230,7 @@ fn submit(
         sampler: g.sampler.clone(),
         stop: g.stop.clone(),
         events: tx,
+        logprobs,
     };
     if !s.engine.submit(job) {
         return Err(ApiError::Internal("the engine thread stopped".into()));
@@ -251,7 +263,12 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
     let v = json_body(body, s.max_body_bytes).await?;
     let req: ChatCompletionRequest = parse_json(&v)?;
     let sampling: SamplingFields = parse_json(&v)?;
-    let g = request::gen_params(&sampling, &s.limits)?;
+    let mut g = request::gen_params(&sampling, &s.limits)?;
+    crate::extra::apply_sampling_extras(
+        &sampling,
+        s.n_vocab.min(s.tokenizer.vocab_size()),
+        &mut g.sampler,
+    )?;
     let messages = request::chat_messages(&req.messages)?;
     let plan = request::tool_plan(&req.tools, &req.tool_choice)?;
     let enable_thinking = match req
@@ -300,7 +317,8 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
     .map_err(|e| ApiError::Internal(e.to_string()))??;
     request::check_prompt_len(p.ids.len(), &s.limits, "messages")?;
     let budget = g.budget(p.ids.len(), &s.limits, s.limits.max_tokens_limit);
-    let mut rx = submit(&s, p.ids, budget, &g)?;
+    let lp = crate::extra::logprobs_request(&v, true)?;
+    let mut rx = submit(&s, p.ids, budget, &g, lp)?;
     let meta = Meta {
         id: stream::new_id("chatcmpl-"),
         created: stream::now_secs(),
@@ -308,21 +326,35 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
     };
     let parser = ChatParser::new(plan.parse, think, p.in_think);
     if g.stream {
-        let chunker = ChatChunker::new(meta, parser, p.prefix, g.include_usage);
-        return Ok(sse_response(SseStream::new(rx, Box::new(chunker))));
+        let chunker = ChatChunker::new(meta.clone(), parser, p.prefix, g.include_usage);
+        let chunker = crate::extra::stream_chunker(
+            Box::new(chunker),
+            lp,
+            &s.tokenizer,
+            meta,
+            true,
+            g.include_usage,
+        );
+        return Ok(sse_response(SseStream::new(rx, chunker)));
     }
     let (text, done) = stream::collect(&mut rx).await?;
-    Ok(Json(stream::chat_completion(
-        &meta, parser, &p.prefix, &text, &done,
-    ))
-    .into_response())
+    let mut out = stream::chat_completion(&meta, parser, &p.prefix, &text, &done);
+    if lp.is_some() {
+        out.choices[0].logprobs = Some(crate::extra::chat_logprobs(&s.tokenizer, &done.logprobs));
+    }
+    Ok(Json(out).into_response())
 }
 
 async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, ApiError> {
     let v = json_body(body, s.max_body_bytes).await?;
     let req: CompletionRequest = parse_json(&v)?;
     let sampling: SamplingFields = parse_json(&v)?;
-    let g = request::gen_params(&sampling, &s.limits)?;
+    let mut g = request::gen_params(&sampling, &s.limits)?;
+    crate::extra::apply_sampling_extras(
+        &sampling,
+        s.n_vocab.min(s.tokenizer.vocab_size()),
+        &mut g.sampler,
+    )?;
     let tok = s.tokenizer.clone();
     let n_vocab = s.n_vocab;
     let ids = tokio::task::spawn_blocking(move || {
@@ -333,7 +365,8 @@ async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, Ap
     request::check_prompt_len(ids.len(), &s.limits, "prompt")?;
     // OpenAI's default for legacy completions is 16 tokens.
     let budget = g.budget(ids.len(), &s.limits, 16);
-    let mut rx = submit(&s, ids, budget, &g)?;
+    let lp = crate::extra::logprobs_request(&v, false)?;
+    let mut rx = submit(&s, ids, budget, &g, lp)?;
     let meta = Meta {
         id: stream::new_id("cmpl-"),
         created: stream::now_secs(),
@@ -341,11 +374,26 @@ async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, Ap
     };
     if g.stream {
         let chunker = CompletionChunker {
-            meta,
+            meta: meta.clone(),
             include_usage: g.include_usage,
         };
-        return Ok(sse_response(SseStream::new(rx, Box::new(chunker))));
+        let chunker = crate::extra::stream_chunker(
+            Box::new(chunker),
+            lp,
+            &s.tokenizer,
+            meta,
+            false,
+            g.include_usage,
+        );
+        return Ok(sse_response(SseStream::new(rx, chunker)));
     }
     let (text, done) = stream::collect(&mut rx).await?;
-    Ok(Json(stream::completion(&meta, text, &done)).into_response())
+    let mut out = stream::completion(&meta, text, &done);
+    if lp.is_some() {
+        out.choices[0].logprobs = Some(crate::extra::completion_logprobs(
+            &s.tokenizer,
+            &done.logprobs,
+        ));
+    }
+    Ok(Json(out).into_response())
 }

@@ -424,6 +424,7 @@ mod tests {
             ttft_secs: 0.0,
             prompt_secs: 0.0,
             decode_secs: 0.0,
+            logprobs: Vec::new(),
         }
     }
 
