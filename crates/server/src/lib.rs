@@ -19,6 +19,7 @@ pub mod engine;
 pub mod error;
 pub mod metrics;
 pub mod parse;
+pub mod prompt;
 pub mod request;
 pub mod routes;
 pub mod stop;

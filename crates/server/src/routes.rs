@@ -274,22 +274,29 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
             "this model file has no chat template: use /v1/completions",
         ));
     };
+    let parse_special = crate::prompt::parse_special(&v)?;
     let tok = s.tokenizer.clone();
     let think = tok.token_to_id("<think>").is_some();
     let forced = plan.forced_prefix.clone();
     let tools = plan.tools.clone();
     // Rendering and tokenizing take a while for long conversations.
     let p = tokio::task::spawn_blocking(move || -> Result<ChatPrompt, ApiError> {
-        let text = template
-            .render(&messages, tools.as_ref(), true, enable_thinking)
-            .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
-        let in_think = think && text.trim_end().ends_with("<think>");
+        let r = crate::prompt::render(
+            &template,
+            &tok,
+            &messages,
+            tools.as_ref(),
+            enable_thinking,
+            parse_special,
+        )
+        .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
+        let in_think = think && r.text.trim_end().ends_with("<think>");
         let prefix = if in_think && !forced.is_empty() {
             format!("\n</think>\n\n{forced}")
         } else {
             forced
         };
-        let ids = tok.encode(&format!("{text}{prefix}"), true);
+        let ids = r.encode(&tok, &prefix);
         Ok(ChatPrompt {
             ids,
             prefix,
