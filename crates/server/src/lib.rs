@@ -59,7 +59,8 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every route but /health.
     #[arg(long)]
     pub api_key: Option<String>,
-    /// The largest `max_tokens` a request may ask for.
+    /// The most tokens one answer generates (a larger `max_tokens` is
+    /// lowered to it, not refused).
     #[arg(long, default_value_t = 4096)]
     pub max_tokens_limit: usize,
     /// Requests that may wait or run at once; more get 503.
