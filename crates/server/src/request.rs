@@ -50,7 +50,9 @@ fn check_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<(), ApiEr
 
 /// Check the sampling fields. Defaults are llama-server's (temperature
 /// 0.8, top-k 40, top-p 0.95, min-p 0.05); temperature 0 is greedy.
-pub fn gen_params(s: &SamplingFields, limits: &Limits) -> Result<GenParams, ApiError> {
+/// `_limits`: the length limits apply in [`GenParams::budget`], once the
+/// prompt's length is known (kept here for the callers' sake).
+pub fn gen_params(s: &SamplingFields, _limits: &Limits) -> Result<GenParams, ApiError> {
     if let Some(n) = s.n {
         if n != 1 {
             return Err(ApiError::invalid(
