@@ -18,6 +18,7 @@ pub mod api;
 pub mod engine;
 pub mod error;
 pub mod metrics;
+pub mod ops;
 pub mod parse;
 pub mod prompt;
 pub mod request;
@@ -89,6 +90,10 @@ pub struct ServeArgs {
     /// Size of the bounded expert cache (default: what the budget leaves).
     #[arg(long, value_parser = redlite_model::expertcache::parse_size)]
     pub expert_cache: Option<u64>,
+    /// Allow browser pages from this origin (repeatable; `*` for any):
+    /// preflights get 204 with the Access-Control-Allow-* headers.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
     #[command(flatten)]
     pub dev: redlite_engine::DeviceArgs,
 }
@@ -113,6 +118,7 @@ impl ServeArgs {
             no_warmup: false,
             memory: None,
             expert_cache: None,
+            cors_origin: Vec::new(),
             dev: Default::default(),
         }
     }
@@ -236,6 +242,7 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         max_body_bytes: args.max_body_bytes,
         metrics,
         created: stream::now_secs(),
+        cors_origins: args.cors_origin.clone(),
     }))
 }
 

@@ -34,6 +34,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     pub metrics: Arc<Metrics>,
     pub created: u64,
+    /// `--cors-origin` values.
+    pub cors_origins: Vec<String>,
 }
 
 pub type Shared = Arc<AppState>;
@@ -54,6 +56,13 @@ pub fn router(state: Shared) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn_with_state(state.clone(), count))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(crate::ops::Cors {
+                origins: state.cors_origins.clone(),
+            }),
+            crate::ops::cors,
+        ))
+        .layer(middleware::from_fn(crate::ops::access_log))
         .with_state(state)
 }
 
@@ -223,7 +232,7 @@ fn submit(
     if !s.engine.submit(job) {
         return Err(ApiError::Internal("the engine thread stopped".into()));
     }
-    Ok(rx)
+    Ok(crate::ops::observe(rx))
 }
 
 fn sse_response(stream: SseStream) -> Response {
