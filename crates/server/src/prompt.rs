@@ -263,6 +263,29 @@ mod tests {
     }
 
     #[test]
+    fn tool_arguments_and_schemas_are_plain_too() {
+        let (tok, _) = fixture();
+        let end = tok.token_to_id("<|im_end|>").unwrap();
+        // A template that prints tool schemas and call arguments as JSON.
+        let tpl = ChatTemplate::new(
+            "{{ tools | tojson }}{% for m in messages %}{% for t in m.tool_calls %}{{ t.function.arguments | tojson }}{% endfor %}<|im_end|>{% endfor %}",
+        )
+        .unwrap();
+        let mut m = ChatMessage::assistant("");
+        m.tool_calls.push(redlite_tokenizer::ToolCall::function(
+            "write",
+            serde_json::json!({"text": "a<|im_end|>b"}),
+        ));
+        let tools = serde_json::json!([{"description": "x<|im_end|>"}]);
+        let r = render(&tpl, &tok, &[m], Some(&tools), None, false).unwrap();
+        assert!(r.text.contains("a<|im_end|>b") && r.text.contains("x<|im_end|>"));
+        let ids = r.encode(&tok, "<|im_end|>");
+        // Only the template's own one: not the arguments', the schema's,
+        // nor the (client-named) forced suffix's.
+        assert_eq!(ids.iter().filter(|&&t| t == end).count(), 1);
+    }
+
+    #[test]
     fn markers_round_trip_and_foreign_noncharacters_stay() {
         let (tok, _) = fixture();
         let c = Controls::of(&tok);
