@@ -272,6 +272,14 @@ impl Engine {
                     done.completion_tokens.saturating_sub(1),
                     done.decode_secs,
                 );
+                if done.completion_tokens > 0 {
+                    m.ttft.observe(done.ttft_secs);
+                }
+                let steps = done.completion_tokens.saturating_sub(1);
+                if steps > 0 {
+                    m.token_latency
+                        .observe_n(done.decode_secs / steps as f64, steps as u64);
+                }
                 let _ = events.send(Event::Done(done));
             }
             Ok(None) => {

@@ -96,15 +96,26 @@ impl ApiError {
     }
 }
 
+/// `Retry-After` of a 503 (queue full), in seconds.
+pub const RETRY_AFTER_SECS: &str = "1";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&self.body()).unwrap_or_default();
-        (
+        let mut resp = (
             self.status(),
             [(axum::http::header::CONTENT_TYPE, "application/json")],
             body,
         )
-            .into_response()
+            .into_response();
+        if let ApiError::Busy { .. } = self {
+            // The queue drains request by request: ask for a retry soon.
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
+        resp
     }
 }
 
@@ -222,6 +233,10 @@ mod tests {
         ];
         for (e, status, kind) in cases {
             assert_eq!(e.status().as_u16(), status);
+            // Every 503, and only a 503, says when to retry.
+            let resp = e.clone().into_response();
+            let retry = resp.headers().get(axum::http::header::RETRY_AFTER);
+            assert_eq!(retry.is_some(), status == 503, "{e}");
             let v = serde_json::to_value(e.body()).unwrap();
             let obj = v["error"].as_object().unwrap();
             for k in ["message", "type", "param", "code"] {

@@ -19,7 +19,9 @@ pub mod engine;
 pub mod error;
 pub mod extra;
 pub mod metrics;
+pub mod ops;
 pub mod parse;
+pub mod prompt;
 pub mod request;
 pub mod routes;
 pub mod stop;
@@ -59,7 +61,8 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every route but /health.
     #[arg(long)]
     pub api_key: Option<String>,
-    /// The largest `max_tokens` a request may ask for.
+    /// The most tokens one answer generates (a larger `max_tokens` is
+    /// lowered to it, not refused).
     #[arg(long, default_value_t = 4096)]
     pub max_tokens_limit: usize,
     /// Requests that may wait or run at once; more get 503.
@@ -88,6 +91,10 @@ pub struct ServeArgs {
     /// Size of the bounded expert cache (default: what the budget leaves).
     #[arg(long, value_parser = redlite_model::expertcache::parse_size)]
     pub expert_cache: Option<u64>,
+    /// Allow browser pages from this origin (repeatable; `*` for any):
+    /// preflights get 204 with the Access-Control-Allow-* headers.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
     #[command(flatten)]
     pub dev: redlite_engine::DeviceArgs,
 }
@@ -112,6 +119,7 @@ impl ServeArgs {
             no_warmup: false,
             memory: None,
             expert_cache: None,
+            cors_origin: Vec::new(),
             dev: Default::default(),
         }
     }
@@ -235,6 +243,7 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         max_body_bytes: args.max_body_bytes,
         metrics,
         created: stream::now_secs(),
+        cors_origins: args.cors_origin.clone(),
     }))
 }
 

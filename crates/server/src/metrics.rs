@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Everything `/metrics` reports. Shared by the HTTP side and the engine.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     /// (endpoint, status) → count.
     requests: Mutex<BTreeMap<(String, u16), u64>>,
@@ -26,6 +26,95 @@ pub struct Metrics {
     pub checkpoints: AtomicU64,
     pub checkpoint_tokens: AtomicU64,
     pub checkpoint_bytes: AtomicU64,
+    /// Seconds from the engine taking a request to its first token.
+    pub ttft: Histogram<12>,
+    /// Seconds per generated token after the first.
+    pub token_latency: Histogram<12>,
+}
+
+/// A Prometheus histogram with fixed upper bounds (seconds).
+#[derive(Debug)]
+pub struct Histogram<const N: usize> {
+    bounds: [f64; N],
+    inner: Mutex<(
+        /* per bucket */ [u64; N],
+        /* count */ u64,
+        /* sum */ f64,
+    )>,
+}
+
+/// Time to first token: 10 ms (a cached prompt) to a minute (a long one).
+const TTFT_BOUNDS: [f64; 12] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Per-token decode latency: 1 ms (a small model on a GPU) to 2 s.
+const TOKEN_BOUNDS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 2.0,
+];
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            requests: Default::default(),
+            queued: Default::default(),
+            processing: Default::default(),
+            prompt_tokens: Default::default(),
+            cached_tokens: Default::default(),
+            generated_tokens: Default::default(),
+            cancelled: Default::default(),
+            speeds: Default::default(),
+            kv_tokens: Default::default(),
+            ctx: Default::default(),
+            checkpoints: Default::default(),
+            checkpoint_tokens: Default::default(),
+            checkpoint_bytes: Default::default(),
+            ttft: Histogram::new(TTFT_BOUNDS),
+            token_latency: Histogram::new(TOKEN_BOUNDS),
+        }
+    }
+}
+
+impl<const N: usize> Histogram<N> {
+    pub fn new(bounds: [f64; N]) -> Histogram<N> {
+        Histogram {
+            bounds,
+            inner: Mutex::new(([0; N], 0, 0.0)),
+        }
+    }
+
+    /// Record `n` observations of `v` seconds.
+    pub fn observe_n(&self, v: f64, n: u64) {
+        if !v.is_finite() || n == 0 {
+            return;
+        }
+        if let Ok(mut h) = self.inner.lock() {
+            if let Some(i) = self.bounds.iter().position(|&b| v <= b) {
+                h.0[i] += n;
+            }
+            h.1 += n;
+            h.2 += v * n as f64;
+        }
+    }
+
+    pub fn observe(&self, v: f64) {
+        self.observe_n(v, 1);
+    }
+
+    /// `name_bucket{le=..}` (cumulative, ending with `+Inf`), `name_sum`,
+    /// `name_count`.
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let (buckets, count, sum) = self.inner.lock().map(|h| *h).unwrap_or(([0; N], 0, 0.0));
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        let mut acc = 0;
+        for (b, n) in self.bounds.iter().zip(buckets) {
+            acc += n;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {acc}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {count}");
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -219,6 +308,16 @@ impl Metrics {
             "Bytes held by the checkpoints (KV, recurrent state, logits).",
             g(&self.checkpoint_bytes),
         );
+        self.ttft.render(
+            &mut out,
+            "redlite_time_to_first_token_seconds",
+            "Seconds from the engine taking a request up to its first generated token (prompt processing; queue wait not included).",
+        );
+        self.token_latency.render(
+            &mut out,
+            "redlite_token_latency_seconds",
+            "Seconds per generated token after the first (each request's tokens at its mean step time).",
+        );
         out
     }
 }
@@ -251,5 +350,36 @@ mod tests {
             assert!(v.parse::<f64>().is_ok(), "{line}");
         }
         assert_eq!(m.requests("/v1/chat/completions", 200), 2);
+    }
+
+    #[test]
+    fn histograms_are_cumulative_prometheus_buckets() {
+        let m = Metrics::default();
+        m.ttft.observe(0.2);
+        m.ttft.observe(0.2);
+        m.ttft.observe(100.0); // above every bound: only +Inf
+        m.token_latency.observe_n(0.004, 3);
+        let t = m.render();
+        assert!(t.contains("# TYPE redlite_time_to_first_token_seconds histogram\n"));
+        for line in [
+            "redlite_time_to_first_token_seconds_bucket{le=\"0.1\"} 0\n",
+            "redlite_time_to_first_token_seconds_bucket{le=\"0.25\"} 2\n",
+            "redlite_time_to_first_token_seconds_bucket{le=\"60\"} 2\n",
+            "redlite_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n",
+            "redlite_time_to_first_token_seconds_sum 100.4\n",
+            "redlite_time_to_first_token_seconds_count 3\n",
+            "redlite_token_latency_seconds_bucket{le=\"0.0025\"} 0\n",
+            "redlite_token_latency_seconds_bucket{le=\"0.005\"} 3\n",
+            "redlite_token_latency_seconds_count 3\n",
+        ] {
+            assert!(t.contains(line), "{line} missing in\n{t}");
+        }
+        // Buckets never decrease.
+        let counts: Vec<u64> = t
+            .lines()
+            .filter(|l| l.starts_with("redlite_time_to_first_token_seconds_bucket"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
     }
 }

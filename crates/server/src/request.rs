@@ -26,10 +26,15 @@ pub struct GenParams {
 
 impl GenParams {
     /// Tokens to generate for a prompt of `prompt_len`: what was asked, at
-    /// most what fits in the context.
+    /// most `--max-tokens-limit` and what the context leaves. Asking for
+    /// more is not an error (agents send 16k-32k by default): the answer
+    /// stops there with `finish_reason: length`, as llama-server's does.
     pub fn budget(&self, prompt_len: usize, limits: &Limits, default: usize) -> usize {
         let room = limits.ctx.saturating_sub(prompt_len);
-        self.max_tokens.unwrap_or(default).min(room)
+        self.max_tokens
+            .unwrap_or(default)
+            .min(limits.max_tokens_limit)
+            .min(room)
     }
 }
 
@@ -45,7 +50,9 @@ fn check_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<(), ApiEr
 
 /// Check the sampling fields. Defaults are llama-server's (temperature
 /// 0.8, top-k 40, top-p 0.95, min-p 0.05); temperature 0 is greedy.
-pub fn gen_params(s: &SamplingFields, limits: &Limits) -> Result<GenParams, ApiError> {
+/// `_limits`: the length limits apply in [`GenParams::budget`], once the
+/// prompt's length is known (kept here for the callers' sake).
+pub fn gen_params(s: &SamplingFields, _limits: &Limits) -> Result<GenParams, ApiError> {
     if let Some(n) = s.n {
         if n != 1 {
             return Err(ApiError::invalid(
@@ -63,15 +70,6 @@ pub fn gen_params(s: &SamplingFields, limits: &Limits) -> Result<GenParams, ApiE
             return Err(ApiError::invalid(
                 field,
                 format!("`{field}` must be at least 1"),
-            ));
-        }
-        if m > limits.max_tokens_limit as u64 {
-            return Err(ApiError::invalid(
-                field,
-                format!(
-                    "`{field}` is too large: {m} is over this server's limit of {} (--max-tokens-limit)",
-                    limits.max_tokens_limit
-                ),
             ));
         }
     }
@@ -381,10 +379,6 @@ mod tests {
     fn sampling_checks_name_the_field() {
         assert_eq!(param(sampling(json!({"n": 2})).unwrap_err()), "n");
         assert_eq!(
-            param(sampling(json!({"max_tokens": 51})).unwrap_err()),
-            "max_tokens"
-        );
-        assert_eq!(
             param(sampling(json!({"max_completion_tokens": 0})).unwrap_err()),
             "max_completion_tokens"
         );
@@ -407,6 +401,33 @@ mod tests {
         // The budget never passes the context.
         assert_eq!(g.budget(80, &L, 16), 20);
         assert_eq!(sampling(json!({})).unwrap().budget(10, &L, 16), 16);
+    }
+
+    #[test]
+    fn max_tokens_over_the_limits_is_lowered_not_refused() {
+        // L: context 100, --max-tokens-limit 50.
+        for field in ["max_tokens", "max_completion_tokens"] {
+            let g = sampling(json!({ field: 10_000_000u64 })).unwrap();
+            assert_eq!(g.budget(10, &L, 16), 50, "{field}: the server's limit");
+            assert_eq!(g.budget(70, &L, 16), 30, "{field}: what the context leaves");
+            assert_eq!(g.budget(99, &L, 16), 1);
+        }
+        // Within both limits: what was asked.
+        assert_eq!(
+            sampling(json!({"max_tokens": 7}))
+                .unwrap()
+                .budget(10, &L, 16),
+            7
+        );
+        // No max_tokens and a default above the limit (chat's default).
+        assert_eq!(sampling(json!({})).unwrap().budget(10, &L, 4096), 50);
+        // A prompt that alone fills the context is still a 400 naming sizes.
+        let e = check_prompt_len(100, &L, "messages").unwrap_err();
+        assert_eq!(e.status().as_u16(), 400);
+        let b = e.body().error;
+        assert_eq!(b.param.as_deref(), Some("messages"));
+        assert!(b.message.contains("100 tokens") && b.message.contains("is 100"));
+        assert!(check_prompt_len(99, &L, "messages").is_ok());
     }
 
     #[test]

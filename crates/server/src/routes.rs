@@ -34,6 +34,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     pub metrics: Arc<Metrics>,
     pub created: u64,
+    /// `--cors-origin` values.
+    pub cors_origins: Vec<String>,
 }
 
 pub type Shared = Arc<AppState>;
@@ -60,6 +62,13 @@ pub fn router(state: Shared) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn_with_state(state.clone(), count))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(crate::ops::Cors {
+                origins: state.cors_origins.clone(),
+            }),
+            crate::ops::cors,
+        ))
+        .layer(middleware::from_fn(crate::ops::access_log))
         .with_state(state)
 }
 
@@ -235,7 +244,7 @@ fn submit(
     if !s.engine.submit(job) {
         return Err(ApiError::Internal("the engine thread stopped".into()));
     }
-    Ok(rx)
+    Ok(crate::ops::observe(rx))
 }
 
 fn sse_response(stream: SseStream) -> Response {
@@ -291,22 +300,29 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
             "this model file has no chat template: use /v1/completions",
         ));
     };
+    let parse_special = crate::prompt::parse_special(&v)?;
     let tok = s.tokenizer.clone();
     let think = tok.token_to_id("<think>").is_some();
     let forced = plan.forced_prefix.clone();
     let tools = plan.tools.clone();
     // Rendering and tokenizing take a while for long conversations.
     let p = tokio::task::spawn_blocking(move || -> Result<ChatPrompt, ApiError> {
-        let text = template
-            .render(&messages, tools.as_ref(), true, enable_thinking)
-            .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
-        let in_think = think && text.trim_end().ends_with("<think>");
+        let r = crate::prompt::render(
+            &template,
+            &tok,
+            &messages,
+            tools.as_ref(),
+            enable_thinking,
+            parse_special,
+        )
+        .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
+        let in_think = think && r.text.trim_end().ends_with("<think>");
         let prefix = if in_think && !forced.is_empty() {
             format!("\n</think>\n\n{forced}")
         } else {
             forced
         };
-        let ids = tok.encode(&format!("{text}{prefix}"), true);
+        let ids = r.encode(&tok, &prefix);
         Ok(ChatPrompt {
             ids,
             prefix,

@@ -174,6 +174,25 @@ fn get_opt_bool(meta: &Metadata, key: &'static str) -> Result<Option<bool>, Toke
 
 // --------------------------------------------------------------- build ----
 
+/// Where CONTROL tokens are matched in the text of one encode call.
+#[derive(Clone, Copy)]
+enum Control<'a> {
+    None,
+    All,
+    /// Everywhere but in these byte ranges.
+    Outside(&'a [std::ops::Range<usize>]),
+}
+
+impl Control<'_> {
+    fn allows(self, start: usize, end: usize) -> bool {
+        match self {
+            Control::None => false,
+            Control::All => true,
+            Control::Outside(plain) => !plain.iter().any(|r| r.start < end && start < r.end),
+        }
+    }
+}
+
 /// Where the text of one encode call is split around special tokens.
 enum Seg<'t> {
     Text(&'t str),
@@ -378,12 +397,40 @@ impl Tokenizer {
     /// (e.g. `<tool_call>`) are always matched, as in llama.cpp. BOS / EOS
     /// are added only when the file says `add_bos_token` / `add_eos_token`.
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
+        let control = if parse_special {
+            Control::All
+        } else {
+            Control::None
+        };
+        self.encode_split(text, control)
+    }
+
+    /// Tokenize `text` with CONTROL tokens matched everywhere except inside
+    /// the byte ranges of `plain` (sorted or not), where their text stays
+    /// text, as with `encode(text, false)`. A chat prompt uses this to keep
+    /// the template's markup special while a message that writes
+    /// `<|im_end|>` cannot close its own turn. Text on both sides of a
+    /// range boundary is tokenized as one piece, so a prompt without
+    /// control text in `plain` gives the same ids as `encode(text, true)`.
+    pub fn encode_with_plain(&self, text: &str, plain: &[std::ops::Range<usize>]) -> Vec<u32> {
+        self.encode_split(text, Control::Outside(plain))
+    }
+
+    /// The CONTROL tokens (text and id), e.g. `<|im_start|>`.
+    pub fn control_tokens(&self) -> impl Iterator<Item = (&str, u32)> + '_ {
+        self.specials
+            .iter()
+            .filter(|s| s.2)
+            .map(|(t, id, _)| (t.as_str(), *id))
+    }
+
+    fn encode_split(&self, text: &str, control: Control<'_>) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if self.add_bos {
             out.extend(self.bos);
         }
         let mut st = EncodeState::default();
-        for seg in self.split_special(text, parse_special) {
+        for seg in self.split_special(text, control) {
             match seg {
                 Seg::Token(id) => out.push(id),
                 Seg::Text(t) => self.encode_text(t, &mut out, &mut st),
@@ -395,10 +442,11 @@ impl Tokenizer {
         out
     }
 
-    fn split_special<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Seg<'t>> {
+    fn split_special<'t>(&self, text: &'t str, control: Control<'_>) -> Vec<Seg<'t>> {
+        let base = text.as_ptr() as usize;
         let mut segs = vec![Seg::Text(text)];
-        for (tok, id, control) in &self.specials {
-            if *control && !parse_special {
+        for (tok, id, is_control) in &self.specials {
+            if *is_control && matches!(control, Control::None) {
                 continue;
             }
             if !text.contains(tok.as_str()) {
@@ -410,12 +458,24 @@ impl Tokenizer {
                     next.push(seg);
                     continue;
                 };
-                while let Some(p) = rest.find(tok.as_str()) {
+                // `rest[..from]` has been searched and holds no match.
+                let mut from = 0;
+                while let Some(q) = rest[from..].find(tok.as_str()) {
+                    let p = from + q;
+                    let at = rest.as_ptr() as usize - base + p;
+                    if *is_control && !control.allows(at, at + tok.len()) {
+                        from = p + 1;
+                        while !rest.is_char_boundary(from) {
+                            from += 1;
+                        }
+                        continue;
+                    }
                     if p > 0 {
                         next.push(Seg::Text(&rest[..p]));
                     }
                     next.push(Seg::Token(*id));
                     rest = &rest[p + tok.len()..];
+                    from = 0;
                 }
                 if !rest.is_empty() {
                     next.push(Seg::Text(rest));
