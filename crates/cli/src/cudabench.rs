@@ -5,7 +5,7 @@
 use anyhow::{ensure, Context, Result};
 use redlite_cuda::CudaTuning;
 use redlite_cuda::Gpu;
-use redlite_engine::parity::compare;
+use redlite_engine::parity::{compare, compare_prefill, Parity};
 use redlite_engine::{Activations, BackendOptions, Device, Engine, MemoryRequest};
 use redlite_model::Model;
 
@@ -92,7 +92,7 @@ pub fn parity_cli(
     files: &[std::path::PathBuf],
     n_prompt: usize,
     n_greedy: usize,
-    kl_max: f64,
+    (kl_max, prefill_kl_max): (f64, f64),
     pdl: bool,
     texts: &[String],
 ) -> Result<()> {
@@ -160,6 +160,7 @@ pub fn parity_cli(
             }
         }
     }
+    all &= prefill_table(files, texts, n_prompt, n_greedy, prefill_kl_max, pdl)?;
     // Checkpoints: a GPU sequence restored after a detour gives the
     // straight run's logits bit for bit.
     println!();
@@ -252,4 +253,96 @@ pub fn parity_cli(
     println!("CPU engine (one token per forward) vs the CUDA decoder (one graph per token, f32 activations); gate on the reference rows: every argmax equal, KL <= {kl_max:e}, greedy identical; router mismatches = (MoE layer, step) pairs whose chosen experts differ (reported)");
     ensure!(all, "CUDA parity failed");
     Ok(())
+}
+
+/// The batched prefill (every position's logits from one `prefill`, in
+/// chunks of `--ubatch` tokens: the default and 16, which splits even a
+/// short prompt) against the same device token by token and against the
+/// CPU reference path; gated on `kl_max`, argmax and greedy tokens.
+fn prefill_table(
+    files: &[std::path::PathBuf],
+    texts: &[String],
+    n_prompt: usize,
+    n_greedy: usize,
+    kl_max: f64,
+    pdl: bool,
+) -> Result<bool> {
+    println!();
+    println!("| file | prompt | batched prefill against | ubatch | positions + greedy steps | argmax agree | worst max abs dlogit | worst KL | greedy {n_greedy} identical | verdict |");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---|---|");
+    let mut all = true;
+    for path in files {
+        let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(path)?);
+        let n_vocab = Model::load(file.clone(), Default::default())?.n_vocab();
+        let name = path
+            .file_name()
+            .map_or(path.display().to_string(), |n| n.to_string_lossy().into());
+        let ps = prompts(&file, texts, n_prompt, n_vocab)?;
+        let ctx = ps.iter().map(|p| p.1.len()).max().unwrap_or(1) + n_greedy + 1;
+        // Engines per file, not per prompt: each GPU engine compiles the
+        // kernels once.
+        let rows: [(Activations, &[Option<usize>]); 2] = [
+            (Activations::F32, &[None, Some(16)]),
+            (Activations::Int8, &[None]),
+        ];
+        for (act, ubatches) in rows {
+            let reference = act == Activations::F32;
+            let label = if reference { "f32" } else { "int8" };
+            let gpu_opts = |ub: Option<usize>| BackendOptions {
+                device: Device::Cuda,
+                activations: act,
+                pdl,
+                ubatch: ub,
+                tuning: crate::tuning_vars(),
+                ..Default::default()
+            };
+            let mut others: Vec<(String, Box<dyn redlite_model::sequence::Sequence>)> = Vec::new();
+            let mut tok = engine(&file, reference, &gpu_opts(Some(0)), ctx)?;
+            others.push((
+                format!("GPU {label} act token by token"),
+                tok.open_sequence(ctx)?,
+            ));
+            if reference {
+                let mut cpu = engine(&file, true, &BackendOptions::default(), ctx)?;
+                others.push(("CPU reference".into(), cpu.open_sequence(ctx)?));
+            }
+            for &ubatch in ubatches {
+                let mut batched = engine(&file, reference, &gpu_opts(ubatch), ctx)?;
+                let mut a = batched.open_sequence(ctx)?;
+                for (what, prompt) in &ps {
+                    for (against, b) in others.iter_mut() {
+                        let p: Parity = compare_prefill(&mut *a, &mut **b, prompt, n_greedy)?;
+                        let ok =
+                            p.argmax_agree == p.steps && p.worst.kl <= kl_max && p.greedy_equal();
+                        // Gated: f32 activations (the reference arithmetic
+                        // on both sides but the GEMMs' f16 inputs); the
+                        // int8 rows compare two roundings of activations.
+                        if reference {
+                            all &= ok;
+                        }
+                        println!(
+                            "| {name} | {what} | {against} | {} | {} | {}/{} | {:.3e} | {:.3e} | {} | {} |",
+                            ubatch.map_or("default".to_string(), |u| u.to_string()),
+                            p.steps,
+                            p.argmax_agree,
+                            p.steps,
+                            p.worst.max_abs,
+                            p.worst.kl,
+                            if p.greedy_equal() {
+                                "yes".to_string()
+                            } else {
+                                format!("no: batched {:?} other {:?}", p.greedy_a, p.greedy_b)
+                            },
+                            match (ok, reference) {
+                                (true, _) => "ok",
+                                (false, true) => "FAIL",
+                                (false, false) => "differs (not gated)",
+                            }
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(all)
 }

@@ -69,6 +69,13 @@ enum Command {
         /// KL gate (per step, CPU || GPU).
         #[arg(long, default_value_t = 1e-4)]
         kl_max: f64,
+        /// KL gate of the batched prefill with f32 activations (per
+        /// position, against the same device token by token and against
+        /// the CPU reference): its GEMMs round activations to f16
+        /// (docs/cuda.md, batched prefill; worst measured on the tiny
+        /// fixtures, 40-token prompts: 1.1e-6).
+        #[arg(long, default_value_t = 1e-4)]
+        prefill_kl_max: f64,
         /// Plain launches instead of programmatic dependent launch (PDL, the default; docs/cuda.md).
         #[arg(long)]
         no_pdl: bool,
@@ -192,10 +199,16 @@ fn run(mut cli: Cli) -> Result<()> {
             n_prompt,
             n_greedy,
             kl_max,
+            prefill_kl_max,
             no_pdl,
             prompt,
         } => redlite_cli::cudabench::parity_cli(
-            &model, n_prompt, n_greedy, kl_max, !no_pdl, &prompt,
+            &model,
+            n_prompt,
+            n_greedy,
+            (kl_max, prefill_kl_max),
+            !no_pdl,
+            &prompt,
         )?,
         #[cfg(feature = "cuda")]
         Command::Bench {

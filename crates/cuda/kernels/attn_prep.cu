@@ -35,13 +35,12 @@ template <typename T>
 __device__ __forceinline__ void attn_prep_body(
     const float* __restrict__ q_full, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-    const double* __restrict__ inv_freq, int n_rot, const int* __restrict__ pos_p,
-    float* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache, int n_head,
-    int n_kv, int hd, int gated, float eps) {
+    const double* __restrict__ inv_freq, int n_rot, int pos, float* __restrict__ q_out,
+    T* __restrict__ k_cache, T* __restrict__ v_cache, int n_head, int n_kv, int hd, int gated,
+    float eps) {
     __shared__ double scratch[32];
     __shared__ float buf[PREP_MAX_HD];
     const int b = blockIdx.x;
-    const int pos = *pos_p;
     const float* src;
     const float* w;
     float* qdst = nullptr;
@@ -95,9 +94,31 @@ __device__ __forceinline__ void attn_prep_body(
              const int* __restrict__ pos_p, float* __restrict__ q_out, T* __restrict__ k_cache,  \
              T* __restrict__ v_cache, int n_head, int n_kv, int hd, int gated, float eps) {      \
         PDL_PROLOGUE();                                                                          \
-        attn_prep_body<T>(q_full, k, v, q_norm, k_norm, inv_freq, n_rot, pos_p, q_out, k_cache,  \
-                          v_cache, n_head, n_kv, hd, gated, eps);                                \
+        attn_prep_body<T>(q_full, k, v, q_norm, k_norm, inv_freq, n_rot, *pos_p, q_out, k_cache,  \
+                          v_cache, n_head, n_kv, hd, gated, eps);                                 \
     }
 
 ATTN_PREP(attn_prep, float)
 ATTN_PREP(attn_prep_kvf16, u16)
+
+// The prep of a chunk of tokens (prefill): token t = blockIdx.y at
+// position pos0 + t, its q_full / k / v rows ld_q / ld_k / ld_v floats
+// apart (the projections' output rows), its rotated q at q_out + t * n_head * hd.
+// Grid (n_head + n_kv, tokens), block 256.
+#define ATTN_PREP_CHUNK(NAME, T)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256)                                            \
+        NAME(const float* __restrict__ q_full, const float* __restrict__ k,                      \
+             const float* __restrict__ v, long long ld_q, long long ld_k, long long ld_v,       \
+             const float* __restrict__ q_norm,                                                   \
+             const float* __restrict__ k_norm, const double* __restrict__ inv_freq, int n_rot,   \
+             int pos0, float* __restrict__ q_out, T* __restrict__ k_cache,                       \
+             T* __restrict__ v_cache, int n_head, int n_kv, int hd, int gated, float eps) {      \
+        PDL_PROLOGUE();                                                                          \
+        const long long t = blockIdx.y;                                                          \
+        attn_prep_body<T>(q_full + t * ld_q, k + t * ld_k, v + t * ld_v, q_norm, k_norm,         \
+                          inv_freq, n_rot, pos0 + (int)t, q_out + t * n_head * hd, k_cache,      \
+                          v_cache, n_head, n_kv, hd, gated, eps);                                \
+    }
+
+ATTN_PREP_CHUNK(attn_prep_chunk, float)
+ATTN_PREP_CHUNK(attn_prep_chunk_kvf16, u16)

@@ -170,3 +170,40 @@ extern "C" __global__ void __launch_bounds__(512)
     }
     norm8_store(v, nw, d, eps, i, act, scratch, h, q, qd);
 }
+
+// Prefill (a chunk of tokens):
+// add_bias_rows: y[t*ld + j] += b[j] for j < n, every token t (qwen2's
+//   q/k/v biases on the projections' output rows). Grid (ceil(n/256), tokens).
+extern "C" __global__ void __launch_bounds__(256)
+    add_bias_rows(float* __restrict__ y, long long ld, const float* __restrict__ b, int n) {
+    PDL_PROLOGUE();
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < n) {
+        float* r = y + (long long)blockIdx.y * ld;
+        r[j] = __fadd_rn(r[j], b[j]);
+    }
+}
+
+// moe_combine_chunk: moe_combine for every token t of the chunk (grid
+//   (ceil(d/256), tokens)): x[t][j] += sum_i w[t*k+i] * ys[pair[t*k+i]*d + j]
+//   (+ sh[t*d + j] * sigmoid(sh_logit[t*sh_ld])), the routed sum in the
+//   router's ascending expert order; `pair` maps a token's i-th choice to
+//   its row of the grouped GEMM's output.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_combine_chunk(float* __restrict__ x, const float* __restrict__ ys,
+                      const int* __restrict__ pair, const float* __restrict__ w, int k, int d,
+                      const float* __restrict__ sh, const float* __restrict__ sh_logit,
+                      long long sh_ld) {
+    PDL_PROLOGUE();
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= d) return;
+    const long long t = blockIdx.y;
+    float acc = 0.0f;
+    for (int i = 0; i < k; i++)
+        acc = __fadd_rn(acc, __fmul_rn(w[t * k + i], ys[(long long)pair[t * k + i] * d + j]));
+    if (sh) {
+        const float s = sh_logit ? sigmoid_f(sh_logit[t * sh_ld]) : 1.0f;
+        acc = __fadd_rn(acc, __fmul_rn(sh[t * d + j], s));
+    }
+    x[t * d + j] = __fadd_rn(x[t * d + j], acc);
+}

@@ -4,7 +4,7 @@
 // rows as they are, seen as blocks of 32 floats (128 bytes, no scale), so
 // the matrix fits gemv_common.cuh's chunk split: lane chunk = one block,
 // eight 16-byte loads of weights against 32 activations.
-#include "gemv_common.cuh"
+#include "gemm_common.cuh"
 
 struct F32W {
     static constexpr int QK = 32, LPB = 1, PAYLOAD = 128, SIDE_WORDS = 0;
@@ -30,6 +30,91 @@ struct F32W {
         }
         return s0 + s1;
     }
+    // The chunk's values (prefill GEMM, gemm_common.cuh; rounded to f16
+    // there: the F32 routers take the exact gemm_f32 path instead).
+    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__,
+                                               int, float* v) {
+        const float4* w = reinterpret_cast<const float4*>(blk);
+#pragma unroll
+        for (int l = 0; l < 8; l++) {
+            const float4 a = __ldg(w + l);
+            v[4 * l] = a.x;
+            v[4 * l + 1] = a.y;
+            v[4 * l + 2] = a.z;
+            v[4 * l + 3] = a.w;
+        }
+    }
+    static __device__ __forceinline__ int col(int, int i) { return i; }
 };
 
 GEMV_KERNELS(gemv_f32, F32W)
+GEMM_KERNEL(gemm_f32h, F32W)
+
+// Prefill GEMM of an F32 matrix in f32 (the routers and the shared-expert
+// gate: their top-k must see the decode's logits, not f16-rounded ones),
+// SIMT: tiles of 64 rows x 64 activation rows, K in steps of 16, 256
+// threads of 4 x 4 outputs. Arguments and tiles as gemm_common.cuh.
+extern "C" __global__ void __launch_bounds__(256) gemm_f32(const GemmArgs a) {
+    PDL_PROLOGUE();
+    __shared__ float Ws[16][68], Xs[16][68];
+    const int ty = blockIdx.y;
+    int m = 0, p0, p1;
+    if (a.tiles) {
+        m = __ldg(a.tiles + 3 * ty);
+        p0 = __ldg(a.tiles + 3 * ty + 1);
+        p1 = __ldg(a.tiles + 3 * ty + 2);
+    } else {
+        p0 = ty * 64;
+        p1 = min(p0 + 64, a.n);
+    }
+    const float* base =
+        reinterpret_cast<const float*>(a.w + (u64)(a.slots ? __ldg(a.slots + m) : (u32)m) * a.mat_bytes);
+    const int K = a.nb * 32;
+    const int r0 = blockIdx.x * 64, tid = threadIdx.x;
+    const int tr = tid >> 4, tp = tid & 15;
+    const int lr = tid >> 2, lk = (tid & 3) * 4;
+    const float* wrow = r0 + lr < a.rows ? base + (long long)(r0 + lr) * K : nullptr;
+    const int lp = p0 + lr;
+    const float* xrow =
+        lp < p1 ? a.x + (long long)(a.gather ? __ldg(a.gather + lp) : lp) * a.ldx : nullptr;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int jx = 0; jx < 4; jx++) acc[i][jx] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        float4 wv = {0.f, 0.f, 0.f, 0.f}, xv = {0.f, 0.f, 0.f, 0.f};
+        if (wrow) wv = __ldg(reinterpret_cast<const float4*>(wrow + k0 + lk));
+        if (xrow) xv = __ldg(reinterpret_cast<const float4*>(xrow + k0 + lk));
+        Ws[lk][lr] = wv.x;
+        Ws[lk + 1][lr] = wv.y;
+        Ws[lk + 2][lr] = wv.z;
+        Ws[lk + 3][lr] = wv.w;
+        Xs[lk][lr] = xv.x;
+        Xs[lk + 1][lr] = xv.y;
+        Xs[lk + 2][lr] = xv.z;
+        Xs[lk + 3][lr] = xv.w;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) {
+            float wr[4], xr[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                wr[i] = Ws[kk][tr * 4 + i];
+                xr[i] = Xs[kk][tp * 4 + i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int jx = 0; jx < 4; jx++) acc[i][jx] = fmaf(wr[i], xr[jx], acc[i][jx]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int jx = 0; jx < 4; jx++) {
+            const int row = r0 + tr * 4 + i, p = p0 + tp * 4 + jx;
+            if (row < a.rows && p < p1) a.y[(long long)p * a.ldy + row] = acc[i][jx];
+        }
+}

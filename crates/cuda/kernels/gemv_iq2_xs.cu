@@ -10,7 +10,7 @@
 // their four u16 and one byte of scales (low nibble: groups 0, 1 of the
 // chunk; high: 2, 3).
 #define WANT_IQ2XS_GRID
-#include "gemv_common.cuh"
+#include "gemm_common.cuh"
 #include "iq_tables.cuh"
 
 struct Iq2Xs {
@@ -45,6 +45,33 @@ struct Iq2Xs {
         const float d = h2f(__ldg(dd)) * 0.25f;
         return d * ((0.5f + (float)(sc & 15u)) * s[0] + (0.5f + (float)(sc >> 4)) * s[1]);
     }
+    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
+    // and their columns in the block.
+    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
+                                               int sub, float* v) {
+        const uint2 g = __ldg(reinterpret_cast<const uint2*>(blk + 8 * sub));
+        const u32 sc = __ldg(blk + 64 + sub);
+        const u32 qw[2] = {g.x, g.y};
+        const float d = h2f(__ldg(dd)) * 0.25f;
+        const float s0 = d * (0.5f + (float)(sc & 15u)), s1 = d * (0.5f + (float)(sc >> 4));
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            const u32 q = (qw[l >> 1] >> (16 * (l & 1))) & 0xffffu;
+            const u64 grid = __ldg(&iq2xs_grid[q & 511u]);
+            const u32 code = q >> 9;
+            const u32 signs = code | ((__popc(code) & 1) << 7);
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const u32 g4 = half ? (u32)(grid >> 32) : (u32)grid;
+                const u32 m = (((((signs >> (4 * half)) & 15u) * 0x00204081u) & 0x01010101u) * 0xffu);
+                const u32 sg = __vsub4(g4 ^ m, m) ^ 0x80808080u;
+#pragma unroll
+                for (int k = 0; k < 4; k++) v[8 * l + 4 * half + k] = (l < 2 ? s0 : s1) * sbyte_f(sg, k);
+            }
+        }
+    }
+    static __device__ __forceinline__ int col(int sub, int i) { return 32 * sub + i; }
 };
 
 GEMV_KERNELS(gemv_iq2_xs, Iq2Xs)
+GEMM_KERNEL(gemm_iq2_xs, Iq2Xs)

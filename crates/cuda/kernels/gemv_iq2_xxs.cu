@@ -9,7 +9,7 @@
 //
 // Lane chunk `sub` (8 per block) = group `sub`: one 8-byte load.
 #define WANT_IQ2XXS_GRID
-#include "gemv_common.cuh"
+#include "gemm_common.cuh"
 #include "iq_tables.cuh"
 
 struct Iq2Xxs {
@@ -41,6 +41,30 @@ struct Iq2Xxs {
         }
         return db * s;
     }
+    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
+    // and their columns in the block.
+    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
+                                               int sub, float* v) {
+        const uint2 g = __ldg(reinterpret_cast<const uint2*>(blk + 8 * sub));
+        const u32 aux = g.y;
+        const float db = h2f(__ldg(dd)) * (0.5f + (float)(aux >> 28)) * 0.25f;
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            const u64 grid = __ldg(&iq2xxs_grid[byte_of(g.x, l)]);
+            const u32 code = (aux >> (7 * l)) & 127;
+            const u32 signs = code | ((__popc(code) & 1) << 7);
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const u32 g4 = half ? (u32)(grid >> 32) : (u32)grid;
+                const u32 m = (((((signs >> (4 * half)) & 15u) * 0x00204081u) & 0x01010101u) * 0xffu);
+                const u32 sg = __vsub4(g4 ^ m, m) ^ 0x80808080u;
+#pragma unroll
+                for (int k = 0; k < 4; k++) v[8 * l + 4 * half + k] = db * sbyte_f(sg, k);
+            }
+        }
+    }
+    static __device__ __forceinline__ int col(int sub, int i) { return 32 * sub + i; }
 };
 
 GEMV_KERNELS(gemv_iq2_xxs, Iq2Xxs)
+GEMM_KERNEL(gemm_iq2_xxs, Iq2Xxs)

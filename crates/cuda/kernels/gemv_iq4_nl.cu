@@ -5,7 +5,7 @@
 //
 // One lane chunk per 32-value block (LPB = 1): one 16-byte load. The table
 // lives in four registers (iq4nl.cuh).
-#include "gemv_common.cuh"
+#include "gemm_common.cuh"
 #include "iq4nl.cuh"
 
 struct Iq4Nl {
@@ -31,6 +31,26 @@ struct Iq4Nl {
         }
         return h2f(__ldg(dd)) * s;
     }
+    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
+    // and their columns in the block.
+    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
+                                               int, float* v) {
+        const uint4 q = __ldg(reinterpret_cast<const uint4*>(blk));
+        const u32 qw[4] = {q.x, q.y, q.z, q.w};
+        const float d = h2f(__ldg(dd));
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const u32 lo = iq4nl_lookup(qw[w] & 0x0f0f0f0fu) ^ 0x80808080u;
+            const u32 hi = iq4nl_lookup((qw[w] >> 4) & 0x0f0f0f0fu) ^ 0x80808080u;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[4 * w + k] = d * sbyte_f(lo, k);
+                v[16 + 4 * w + k] = d * sbyte_f(hi, k);
+            }
+        }
+    }
+    static __device__ __forceinline__ int col(int, int i) { return i; }
 };
 
 GEMV_KERNELS(gemv_iq4_nl, Iq4Nl)
+GEMM_KERNEL(gemm_iq4_nl, Iq4Nl)

@@ -7,7 +7,7 @@
 // Lane chunk `sub` (8 per block): pair c = sub/2, bytes l0 = (sub%2)*16:
 // one 16-byte load of qs[32c+l0..+16] gives 16 values of sub-block 2c and
 // 16 of 2c+1; the block header (d, dmin, scales) is one 16-byte load.
-#include "gemv_common.cuh"
+#include "gemm_common.cuh"
 
 // Scale and minimum of sub-block j from the 12 packed bytes s0|s1|s2
 // (q4_k.rs `scale_min_k4`).
@@ -56,6 +56,33 @@ struct Q4K {
         }
         return d * ((float)sc0 * sq0 + (float)sc1 * sq1) - dmin * ((float)m0 * sx0 + (float)m1 * sx1);
     }
+    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
+    // and their columns in the block: 16 of sub-block 2c, 16 of 2c+1.
+    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__,
+                                               int sub, float* v) {
+        const int c = sub >> 1, l0 = (sub & 1) * 16;
+        const uint4 h = __ldg(reinterpret_cast<const uint4*>(blk));
+        const uint4 q = __ldg(reinterpret_cast<const uint4*>(blk + 16 + 32 * c + l0));
+        const float d = h2f((u16)(h.x & 0xffff)), dmin = h2f((u16)(h.x >> 16));
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * c, h.y, h.z, h.w, &sc0, &m0);
+        scale_min_k4(2 * c + 1, h.y, h.z, h.w, &sc1, &m1);
+        const float a0 = d * (float)sc0, b0 = dmin * (float)m0, a1 = d * (float)sc1, b1 = dmin * (float)m1;
+        const u32 qw[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const u32 lo = qw[w] & 0x0f0f0f0fu, hi = (qw[w] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[4 * w + k] = a0 * ubyte_f(lo, k) - b0;
+                v[16 + 4 * w + k] = a1 * ubyte_f(hi, k) - b1;
+            }
+        }
+    }
+    static __device__ __forceinline__ int col(int sub, int i) {
+        return 64 * (sub >> 1) + (sub & 1) * 16 + (i < 16 ? i : 16 + i);
+    }
 };
 
 GEMV_KERNELS(gemv_q4_k, Q4K)
+GEMM_KERNEL(gemm_q4_k, Q4K)

@@ -7,7 +7,7 @@
 // One lane chunk per 32-value block (LPB = 1): one 16-byte load of the
 // nibbles, three 2-byte loads of the side entry; the 32 lanes of a warp
 // read 32 consecutive payloads (512 bytes, coalesced) and side entries.
-#include "gemv_common.cuh"
+#include "gemm_common.cuh"
 
 // Bits 0..3 of `nib` to bit 4 of bytes 0..3 (the fifth bits of four values).
 __device__ __forceinline__ u32 bits_to_b4(u32 nib) {
@@ -43,6 +43,27 @@ struct Q50 {
         }
         return d * s;
     }
+    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
+    // and their columns in the block.
+    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ side,
+                                               int, float* v) {
+        const uint4 q = __ldg(reinterpret_cast<const uint4*>(blk));
+        const float d = h2f(__ldg(side));
+        const u32 qh = (u32)__ldg(side + 1) | ((u32)__ldg(side + 2) << 16);
+        const u32 qw[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const u32 lo = (qw[w] & 0x0f0f0f0fu) | bits_to_b4((qh >> (4 * w)) & 15u);
+            const u32 hi = ((qw[w] >> 4) & 0x0f0f0f0fu) | bits_to_b4((qh >> (16 + 4 * w)) & 15u);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[4 * w + k] = d * (__int_as_float(__byte_perm(lo, 0x4B000000u, 0x7540u | (u32)k)) - 8388624.0f);
+                v[16 + 4 * w + k] = d * (__int_as_float(__byte_perm(hi, 0x4B000000u, 0x7540u | (u32)k)) - 8388624.0f);
+            }
+        }
+    }
+    static __device__ __forceinline__ int col(int, int i) { return i; }
 };
 
 GEMV_KERNELS(gemv_q5_0, Q50)
+GEMM_KERNEL(gemm_q5_0, Q50)

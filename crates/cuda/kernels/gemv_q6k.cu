@@ -7,7 +7,7 @@
 //
 // Lane chunk `sub` (8 per block): h = sub/4, l0 = (sub%4)*8, all four j:
 // three 8-byte loads (ql, ql+32, qh) and one 8-byte load of the scales.
-#include "gemv_common.cuh"
+#include "gemm_common.cuh"
 
 struct Q6K {
     static constexpr int QK = 256, LPB = 8, PAYLOAD = 208;
@@ -49,6 +49,41 @@ struct Q6K {
         }
         return h2f(__ldg(dd)) * total;
     }
+    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
+    // and their columns in the block: 8 of each of four 32-value rows.
+    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
+                                               int sub, float* v) {
+        const int h = sub >> 2, l0 = (sub & 3) * 8;
+        const uint2 a = __ldg(reinterpret_cast<const uint2*>(blk + 64 * h + l0));
+        const uint2 b = __ldg(reinterpret_cast<const uint2*>(blk + 64 * h + 32 + l0));
+        const uint2 qh = __ldg(reinterpret_cast<const uint2*>(blk + 128 + 32 * h + l0));
+        const uint2 sc = __ldg(reinterpret_cast<const uint2*>(blk + 192 + 8 * h));
+        const int hi = l0 >> 4;
+        const u32 lo[4] = {a.x, b.x, a.x, b.x};
+        const u32 lo2[4] = {a.y, b.y, a.y, b.y};
+        const float d = h2f(__ldg(dd));
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int shift = j < 2 ? 0 : 4;
+            const int si = 2 * j + hi;
+            const u32 sw = si < 4 ? sc.x : sc.y;
+            const float ds = d * (float)(int)(signed char)((sw >> (8 * (si & 3))) & 0xff);
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const u32 lw = half ? lo2[j] : lo[j];
+                const u32 hw = half ? qh.y : qh.x;
+                const u32 q = ((lw >> shift) & 0x0f0f0f0fu) | (((hw >> (2 * j)) & 0x03030303u) << 4);
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    v[8 * j + 4 * half + k] =
+                        ds * (__int_as_float(__byte_perm(q, 0x4B000000u, 0x7540u | (u32)k)) - 8388640.0f);
+            }
+        }
+    }
+    static __device__ __forceinline__ int col(int sub, int i) {
+        return 128 * (sub >> 2) + 32 * (i >> 3) + (sub & 3) * 8 + (i & 7);
+    }
 };
 
 GEMV_KERNELS(gemv_q6_k, Q6K)
+GEMM_KERNEL(gemm_q6_k, Q6K)

@@ -4,7 +4,7 @@
 //
 // One lane chunk per 32-value block (LPB = 1): two 16-byte loads; the 32
 // lanes of a warp read 32 consecutive blocks (1 KiB, coalesced).
-#include "gemv_common.cuh"
+#include "gemm_common.cuh"
 
 struct Q80 {
     static constexpr int QK = 32, LPB = 1, PAYLOAD = 32;
@@ -22,6 +22,19 @@ struct Q80 {
         for (int i = 0; i < 32; i++) s = fmaf(sbyte_f(qw[i >> 2] ^ 0x80808080u, i & 3), v[i], s);
         return h2f(__ldg(dd)) * s;
     }
+    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
+    // and their columns in the block.
+    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
+                                               int, float* v) {
+        const uint4 q0 = __ldg(reinterpret_cast<const uint4*>(blk));
+        const uint4 q1 = __ldg(reinterpret_cast<const uint4*>(blk) + 1);
+        const u32 qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const float d = h2f(__ldg(dd));
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = d * sbyte_f(qw[i >> 2] ^ 0x80808080u, i & 3);
+    }
+    static __device__ __forceinline__ int col(int, int i) { return i; }
 };
 
 GEMV_KERNELS(gemv_q8_0, Q80)
+GEMM_KERNEL(gemm_q8_0, Q80)

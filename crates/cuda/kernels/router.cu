@@ -310,3 +310,16 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
     __threadfence();  // the other blocks' logits after their counts
     router_topk_body(logits, n, k, norm, slot_of, slots_out, experts_out, w_out);
 }
+
+// router_topk over a chunk of tokens (prefill): block t takes the logits
+// row logits + t*ld and writes its k choices at experts_out + t*k (and
+// slots_out, w_out likewise). Grid tokens, block as router_topk.
+extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
+    router_topk_chunk(const float* __restrict__ logits, long long ld, int n, int k, int norm,
+                      u32* __restrict__ slots_out, u32* __restrict__ experts_out,
+                      float* __restrict__ w_out) {
+    PDL_PROLOGUE();
+    const long long t = blockIdx.x;
+    router_topk_body(logits + t * ld, n, k, norm, nullptr, slots_out + t * k, experts_out + t * k,
+                     w_out + t * k);
+}

@@ -28,6 +28,7 @@ macro_rules! kernel_dir {
 const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", kernel_dir!("common.cuh")),
     ("gemv_common.cuh", kernel_dir!("gemv_common.cuh")),
+    ("gemm_common.cuh", kernel_dir!("gemm_common.cuh")),
     ("iq_tables.cuh", kernel_dir!("iq_tables.cuh")),
     ("iq4nl.cuh", kernel_dir!("iq4nl.cuh")),
     ("gemv_q8act.cuh", kernel_dir!("gemv_q8act.cuh")),
@@ -35,8 +36,9 @@ const HEADERS: &[(&str, &str)] = &[
 
 /// The f32-activation GEMV kernels of one family (`GEMV_KERNELS` in
 /// `gemv_common.cuh`): rows per warp 1, 2, 4, one or two chunks per step.
+/// With the family's prefill GEMMs (`GEMM_KERNEL` in `gemm_common.cuh`).
 macro_rules! gemv_f32_names {
-    ($p:literal) => {
+    ($p:literal $(, $gemm:literal)*) => {
         &[
             concat!($p, "_r1"),
             concat!($p, "_r2"),
@@ -44,6 +46,7 @@ macro_rules! gemv_f32_names {
             concat!($p, "_r1x2"),
             concat!($p, "_r2x2"),
             concat!($p, "_r4x2"),
+            $($gemm,)*
         ]
     };
 }
@@ -52,52 +55,52 @@ pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "gemv_q4k.cu",
         source: kernel_dir!("gemv_q4k.cu"),
-        kernels: gemv_f32_names!("gemv_q4_k"),
+        kernels: gemv_f32_names!("gemv_q4_k", "gemm_q4_k"),
     },
     KernelFile {
         name: "gemv_q6k.cu",
         source: kernel_dir!("gemv_q6k.cu"),
-        kernels: gemv_f32_names!("gemv_q6_k"),
+        kernels: gemv_f32_names!("gemv_q6_k", "gemm_q6_k"),
     },
     KernelFile {
         name: "gemv_iq2_xxs.cu",
         source: kernel_dir!("gemv_iq2_xxs.cu"),
-        kernels: gemv_f32_names!("gemv_iq2_xxs"),
+        kernels: gemv_f32_names!("gemv_iq2_xxs", "gemm_iq2_xxs"),
     },
     KernelFile {
         name: "gemv_q8_0.cu",
         source: kernel_dir!("gemv_q8_0.cu"),
-        kernels: gemv_f32_names!("gemv_q8_0"),
+        kernels: gemv_f32_names!("gemv_q8_0", "gemm_q8_0"),
     },
     KernelFile {
         name: "gemv_q5_0.cu",
         source: kernel_dir!("gemv_q5_0.cu"),
-        kernels: gemv_f32_names!("gemv_q5_0"),
+        kernels: gemv_f32_names!("gemv_q5_0", "gemm_q5_0"),
     },
     KernelFile {
         name: "gemv_q5k.cu",
         source: kernel_dir!("gemv_q5k.cu"),
-        kernels: gemv_f32_names!("gemv_q5_k"),
+        kernels: gemv_f32_names!("gemv_q5_k", "gemm_q5_k"),
     },
     KernelFile {
         name: "gemv_iq4_nl.cu",
         source: kernel_dir!("gemv_iq4_nl.cu"),
-        kernels: gemv_f32_names!("gemv_iq4_nl"),
+        kernels: gemv_f32_names!("gemv_iq4_nl", "gemm_iq4_nl"),
     },
     KernelFile {
         name: "gemv_iq2_xs.cu",
         source: kernel_dir!("gemv_iq2_xs.cu"),
-        kernels: gemv_f32_names!("gemv_iq2_xs"),
+        kernels: gemv_f32_names!("gemv_iq2_xs", "gemm_iq2_xs"),
     },
     KernelFile {
         name: "gemv_iq1_m.cu",
         source: kernel_dir!("gemv_iq1_m.cu"),
-        kernels: gemv_f32_names!("gemv_iq1_m"),
+        kernels: gemv_f32_names!("gemv_iq1_m", "gemm_iq1_m"),
     },
     KernelFile {
         name: "gemv_f32.cu",
         source: kernel_dir!("gemv_f32.cu"),
-        kernels: gemv_f32_names!("gemv_f32"),
+        kernels: gemv_f32_names!("gemv_f32", "gemm_f32h", "gemm_f32"),
     },
     KernelFile {
         name: "norm.cu",
@@ -107,7 +110,12 @@ pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "attn_prep.cu",
         source: kernel_dir!("attn_prep.cu"),
-        kernels: &["attn_prep", "attn_prep_kvf16"],
+        kernels: &[
+            "attn_prep",
+            "attn_prep_kvf16",
+            "attn_prep_chunk",
+            "attn_prep_chunk_kvf16",
+        ],
     },
     KernelFile {
         name: "attention.cu",
@@ -146,9 +154,35 @@ pub const FILES: &[KernelFile] = &[
         kernels: &["gdn_step_c4", "gdn_step_c2", "gdn_step_c1"],
     },
     KernelFile {
+        name: "deltanet_chunk.cu",
+        source: kernel_dir!("deltanet_chunk.cu"),
+        kernels: &[
+            "gdn_conv_chunk",
+            "gdn_ring_chunk",
+            "gdn_qk_chunk",
+            "gdn_recur_chunk_k32",
+            "gdn_recur_chunk_k64",
+            "gdn_recur_chunk_k128",
+            "gdn_recur_chunk_k256",
+            "gdn_norm_chunk",
+        ],
+    },
+    KernelFile {
+        name: "attn_chunk.cu",
+        source: kernel_dir!("attn_chunk.cu"),
+        kernels: &[
+            "attn_chunk_d64",
+            "attn_chunk_d128",
+            "attn_chunk_d256",
+            "attn_chunk_kvf16_d64",
+            "attn_chunk_kvf16_d128",
+            "attn_chunk_kvf16_d256",
+        ],
+    },
+    KernelFile {
         name: "router.cu",
         source: kernel_dir!("router.cu"),
-        kernels: &["router_topk", "router_gemv_topk"],
+        kernels: &["router_topk", "router_gemv_topk", "router_topk_chunk"],
     },
     KernelFile {
         name: "elementwise.cu",
@@ -159,6 +193,8 @@ pub const FILES: &[KernelFile] = &[
             "moe_combine",
             "moe_combine_norm",
             "moe_combine_norm_v8",
+            "add_bias_rows",
+            "moe_combine_chunk",
         ],
     },
     KernelFile {

@@ -90,6 +90,7 @@ pub fn cache_sweep(
         kv_type: KvType::default_for(int8),
         expert_cache: c,
         tuning: tuning.clone(),
+        prefill_chunk: 0,
     };
     let mut full = CudaDecoder::new(gpu.side()?, model, &opts(None))?;
     let (want, want_ids) = run_decoder(&mut full, model, prompt, n_greedy)?;

@@ -58,6 +58,12 @@ pub struct DeviceArgs {
     /// pinned when the experts fit in the available RAM.
     #[arg(long, value_enum, default_value_t = ExpertSourceArg::Auto)]
     pub expert_source: ExpertSourceArg,
+    /// With --device cuda: prompt tokens per batched-prefill chunk
+    /// (llama.cpp's -ub; default 2048, or the context if smaller; 0: token
+    /// by token). Full expert residency only; with a bounded cache prompts
+    /// run token by token.
+    #[arg(long)]
+    pub ubatch: Option<usize>,
     /// Backend tuning switches by name, filled by the front end from the
     /// environment (`REDLITE_CUDA_*`), not a flag.
     #[arg(skip)]
@@ -87,6 +93,7 @@ impl DeviceArgs {
                 ExpertSourceArg::Pinned => ExpertSource::Pinned,
                 ExpertSourceArg::File => ExpertSource::File,
             },
+            ubatch: self.ubatch,
             tuning: self.tuning.clone(),
         }
     }

@@ -62,6 +62,10 @@ pub struct BackendOptions {
     /// Programmatic dependent launch (GPU).
     pub pdl: bool,
     pub expert_source: ExpertSource,
+    /// Prompt tokens per batched-prefill chunk on the GPU (llama.cpp's
+    /// `-ub`): None, the backend's choice (2048, or the context if
+    /// smaller); Some(0): token by token.
+    pub ubatch: Option<usize>,
     /// Backend tuning switches by name (the GPU's `REDLITE_CUDA_*`,
     /// docs/cuda.md), as the front end read them; the backend parses them
     /// once, at open, and names a bad one.
@@ -76,6 +80,7 @@ impl Default for BackendOptions {
             kv_type: None,
             pdl: true,
             expert_source: ExpertSource::Auto,
+            ubatch: None,
             tuning: Vec::new(),
         }
     }
@@ -102,6 +107,9 @@ impl BackendOptions {
             }
             if self.expert_source != ExpertSource::Auto {
                 bad.push("--expert-source (the CPU's expert cache reads the file)");
+            }
+            if self.ubatch.is_some() {
+                bad.push("--ubatch (the CPU batches prompts by -b/--batch-size)");
             }
             if let Some((name, _)) = self.tuning.first() {
                 tracing::warn!("{name} and the other GPU tuning switches do nothing on the CPU");

@@ -11,6 +11,10 @@ use redlite_model::sequence::Sequence;
 use redlite_model::{MemoryRequest, Model};
 use std::sync::Arc;
 
+/// Prompt tokens per batched-prefill chunk unless `--ubatch` says (the
+/// seeds' engine took 2048 under full residency).
+pub const DEFAULT_UBATCH: usize = 2048;
+
 fn err(e: impl std::fmt::Display) -> EngineError {
     EngineError::Backend {
         backend: "cuda",
@@ -27,6 +31,7 @@ pub(crate) struct CudaBackend {
     cache: Option<ExpertCacheOptions>,
     int8: bool,
     kv: ops::KvType,
+    ubatch: Option<usize>,
     described: String,
 }
 
@@ -59,6 +64,7 @@ impl CudaBackend {
                 cache,
                 int8: opts.activations == Activations::Int8,
                 kv,
+                ubatch: opts.ubatch,
                 described,
             },
             line,
@@ -88,6 +94,7 @@ impl CudaBackend {
                 kv_type: self.kv,
                 expert_cache: self.cache,
                 tuning: self.tuning.clone(),
+                prefill_chunk: self.ubatch.unwrap_or(DEFAULT_UBATCH).min(ctx),
             },
         )
         .map_err(err)?;

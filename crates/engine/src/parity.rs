@@ -107,15 +107,6 @@ pub fn compare(
         },
         ..Default::default()
     };
-    let fold = |p: &mut Parity, c: LogitCmp, routes: (usize, usize)| {
-        p.worst.max_abs = p.worst.max_abs.max(c.max_abs);
-        p.worst.kl = p.worst.kl.max(c.kl);
-        p.worst.argmax_equal &= c.argmax_equal;
-        p.argmax_agree += c.argmax_equal as usize;
-        p.steps += 1;
-        p.router_mismatches += routes.0;
-        p.router_checks += routes.1;
-    };
     let (mut la, mut lb) = (Vec::new(), Vec::new());
     for &t in prompt {
         la = a.decode(t)?;
@@ -123,6 +114,30 @@ pub fn compare(
         let r = route_diff(&a.last_routes()?, &b.last_routes()?);
         fold(&mut p, compare_logits(&la, &lb), r);
     }
+    greedy(a, b, la, lb, n_greedy, &mut p)?;
+    Ok(p)
+}
+
+fn fold(p: &mut Parity, c: LogitCmp, routes: (usize, usize)) {
+    p.worst.max_abs = p.worst.max_abs.max(c.max_abs);
+    p.worst.kl = p.worst.kl.max(c.kl);
+    p.worst.argmax_equal &= c.argmax_equal;
+    p.argmax_agree += c.argmax_equal as usize;
+    p.steps += 1;
+    p.router_mismatches += routes.0;
+    p.router_checks += routes.1;
+}
+
+/// `n_greedy` greedy tokens on each from the logits `la`, `lb`, compared
+/// (logits and routes) while the two agree.
+fn greedy(
+    a: &mut dyn Sequence,
+    b: &mut dyn Sequence,
+    mut la: Vec<f32>,
+    mut lb: Vec<f32>,
+    n_greedy: usize,
+    p: &mut Parity,
+) -> Result<(), ModelError> {
     let mut same = true;
     for _ in 0..n_greedy {
         let (ta, tb) = (argmax(&la) as u32, argmax(&lb) as u32);
@@ -133,9 +148,54 @@ pub fn compare(
         lb = b.decode(tb)?;
         if same {
             let r = route_diff(&a.last_routes()?, &b.last_routes()?);
-            fold(&mut p, compare_logits(&la, &lb), r);
+            fold(p, compare_logits(&la, &lb), r);
         }
     }
+    Ok(())
+}
+
+/// `a` takes the whole prompt in one `prefill` (its batched path, every
+/// position's logits), `b` token by token: the logits at every position
+/// compared, then `n_greedy` greedy tokens on each from there (routes are
+/// compared on those steps only: a batched prefill keeps no per-position
+/// routes).
+pub fn compare_prefill(
+    a: &mut dyn Sequence,
+    b: &mut dyn Sequence,
+    prompt: &[u32],
+    n_greedy: usize,
+) -> Result<Parity, ModelError> {
+    if prompt.is_empty() {
+        return Err(ModelError::NoTokens);
+    }
+    a.reset()?;
+    b.reset()?;
+    let mut p = Parity {
+        worst: LogitCmp {
+            argmax_equal: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let all = a.prefill(prompt, redlite_model::Logits::All)?;
+    let nv = all.len() / prompt.len();
+    if nv == 0 || all.len() != nv * prompt.len() {
+        return Err(ModelError::Backend {
+            backend: "parity",
+            what: format!(
+                "prefill returned {} logits for {} positions",
+                all.len(),
+                prompt.len()
+            ),
+        });
+    }
+    let mut lb = Vec::new();
+    for (i, &t) in prompt.iter().enumerate() {
+        lb = b.decode(t)?;
+        fold(&mut p, compare_logits(&all[i * nv..][..nv], &lb), (0, 0));
+    }
+    let la = all[(prompt.len() - 1) * nv..].to_vec();
+    greedy(a, b, la, lb, n_greedy, &mut p)?;
     Ok(p)
 }
 

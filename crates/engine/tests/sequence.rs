@@ -197,3 +197,26 @@ fn cuda_without_the_feature_names_the_feature() {
     });
     assert!(err.contains("--features cuda"), "{err}");
 }
+
+/// `parity::compare_prefill` on the CPU: the batched prefill of the whole
+/// prompt against the same backend token by token agrees at every
+/// position and in its greedy tokens; against another quantization of the
+/// model (q8_0 weights against f32) the same comparison shows a distance,
+/// so it is not blind.
+#[test]
+fn compare_prefill_sees_agreement_and_difference() {
+    use redlite_engine::parity::compare_prefill;
+    let mut e1 = engine("tiny-qwen3next-f32.gguf", 64, 1);
+    let mut e2 = engine("tiny-qwen3next-f32.gguf", 64, 1);
+    let (mut a, mut b) = (e1.open_sequence(0).unwrap(), e2.open_sequence(0).unwrap());
+    let p = compare_prefill(&mut *a, &mut *b, &PROMPT, 4).unwrap();
+    assert_eq!(p.steps, PROMPT.len() + 4);
+    assert_eq!(p.argmax_agree, p.steps);
+    assert!(p.greedy_equal());
+    assert!(p.worst.kl < 1e-6, "KL {}", p.worst.kl);
+    let mut e3 = engine("tiny-qwen3next-q8_0.gguf", 64, 1);
+    let mut c = e3.open_sequence(0).unwrap();
+    let q = compare_prefill(&mut *a, &mut *c, &PROMPT, 0).unwrap();
+    assert_eq!(q.steps, PROMPT.len());
+    assert!(q.worst.max_abs > 1e-4, "q8_0 against f32: {:?}", q.worst);
+}

@@ -151,6 +151,14 @@ pub trait Sequence {
     }
 
     /// Time `reps` decode steps of `token` per kernel class.
+    /// Where a prompt's time goes (µs per prompt token by step class),
+    /// prefilling `tokens` from the current position; for timing only: the
+    /// state afterwards is not meaningful.
+    fn profile_prefill(&mut self, tokens: &[u32]) -> Result<TokenProfile, ModelError> {
+        let _ = tokens;
+        Err(self.unsupported("a prefill profile"))
+    }
+
     fn profile(&mut self, token: u32, reps: usize) -> Result<TokenProfile, ModelError> {
         let _ = (token, reps);
         Err(self.unsupported("a per-kernel profile"))

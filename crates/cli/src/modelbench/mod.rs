@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-use steps::{cache_delta, decode, fill, print_profile, prompt, Rng};
+use steps::{cache_delta, decode, fill, print_prefill_profile, print_profile, prompt, Rng};
 
 /// Everything `redlite bench model` takes (flags named as llama-bench's).
 #[derive(clap::Args, Debug, Clone)]
@@ -518,6 +518,16 @@ pub fn run(mut args: ModelBenchArgs) -> Result<()> {
     }
     drop(filled);
     if args.profile {
+        // The prompt test's time by step class, where the backend has a
+        // batched prefill to profile (the first prompt size, from depth 0).
+        if let Some(&(p, _, _)) = tests.iter().find(|t| t.0 > 0) {
+            seq.reset()?;
+            let ids = rng.tokens(p, n_vocab);
+            match seq.profile_prefill(&ids) {
+                Ok(prof) => print_prefill_profile(&prof, p),
+                Err(e) => eprintln!("redlite bench: no prefill profile: {e}"),
+            }
+        }
         let mut depths: Vec<usize> = tests.iter().map(|t| t.2).collect();
         depths.dedup();
         for d in depths {

@@ -163,3 +163,25 @@ pub(super) fn print_profile(p: &redlite_model::TokenProfile, depth: usize) {
         sum / kernels.max(1) as f64
     );
 }
+
+/// The prefill profile as a markdown table (stdout).
+pub(super) fn print_prefill_profile(p: &redlite_model::TokenProfile, n: usize) {
+    println!();
+    println!(
+        "where a {n}-token prompt's time goes: {:.1} µs a token with the stream drained after each step, {:.1} µs without ({:.1} tok/s)",
+        p.total_us,
+        p.plain_us,
+        1e6 / p.plain_us.max(1e-9)
+    );
+    println!();
+    println!("| step class | µs per prompt token | share | launches per prompt |");
+    println!("|---|---:|---:|---:|");
+    let sum: f64 = p.rows.iter().map(|r| r.1).sum();
+    for (label, us, k) in &p.rows {
+        println!(
+            "| {label} | {us:.2} | {:.1}% | {k} |",
+            100.0 * us / sum.max(1e-9)
+        );
+    }
+    println!("| all | {sum:.2} | 100% | |");
+}

@@ -36,6 +36,7 @@ mod files;
 mod fusion;
 mod gdn;
 mod moe;
+mod prefill;
 mod proj;
 mod stages;
 
@@ -87,6 +88,9 @@ pub struct DecoderOptions {
     pub expert_cache: Option<ExpertCacheOptions>,
     /// The tuning switches (GEMV configurations, ablation).
     pub tuning: CudaTuning,
+    /// Prompt tokens per batched-prefill chunk (`prefill`); 0: prompts
+    /// run token by token.
+    pub prefill_chunk: usize,
 }
 
 /// Where one decode token's GPU time goes ([`CudaDecoder::profile`]).
@@ -167,8 +171,11 @@ pub struct CudaDecoder {
     shared_side: Gpu,
     cache: Option<ExpertCacheOptions>,
     tuning: CudaTuning,
+    prefill_chunk: usize,
     /// Device bytes of the uploaded weights and state.
     pub device_bytes: usize,
+    /// Scratch of the batched prefill (allocated by the first prompt).
+    chunk: Option<prefill::ChunkBufs>,
 }
 
 impl CudaDecoder {
@@ -235,7 +242,9 @@ impl CudaDecoder {
             shared_side,
             cache: opts.expert_cache,
             tuning: opts.tuning.clone(),
+            prefill_chunk: opts.prefill_chunk,
             device_bytes: free0.saturating_sub(free1),
+            chunk: None,
         };
         dec.capture()?;
         Ok(dec)

@@ -3,6 +3,7 @@
 //! The GEMVs here; [`ops`] the other decode kernels, [`expert_cache`] the
 //! bounded cache's plan and fetch.
 
+pub mod chunk;
 pub mod expert_cache;
 pub mod ops;
 
@@ -154,6 +155,7 @@ pub fn run(gpu: &Gpu, seed: u64) -> Result<Vec<Worst>> {
     }
     run_q8(gpu, &mut rng, &mut out)?;
     ops::run(gpu, &mut rng, &mut out)?;
+    chunk::run(gpu, &mut rng, &mut out)?;
     Ok(out)
 }
 

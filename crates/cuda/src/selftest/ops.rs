@@ -13,20 +13,20 @@ use crate::testdata::{random_vec, reference_gemv, Rng};
 use cudarc::driver::CudaSlice;
 use redlite_gguf::GgmlType;
 
-fn up<T: cudarc::driver::DeviceRepr>(gpu: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
+pub(super) fn up<T: cudarc::driver::DeviceRepr>(gpu: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
     Ok(gpu.stream.clone_htod(v)?)
 }
 
-fn nan(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
+pub(super) fn nan(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
     up(gpu, &vec![f32::NAN; n])
 }
 
-fn down(gpu: &Gpu, s: &CudaSlice<f32>) -> Result<Vec<f32>> {
+pub(super) fn down(gpu: &Gpu, s: &CudaSlice<f32>) -> Result<Vec<f32>> {
     gpu.sync()?;
     Ok(gpu.stream.clone_dtoh(s)?)
 }
 
-fn scaled(n: usize, lo: f32, hi: f32, rng: &mut Rng) -> Vec<f32> {
+pub(super) fn scaled(n: usize, lo: f32, hi: f32, rng: &mut Rng) -> Vec<f32> {
     (0..n)
         .map(|_| lo + (hi - lo) * 0.5 * (rng.uniform() + 1.0))
         .collect()

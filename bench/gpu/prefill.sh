@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE: the batched prefill (issue: CUDA batched
+# prefill) checked and measured in one call, side by side with llama.cpp.
+#
+# Prepare here:  cargo build --release -p redlite-cli --features cuda
+#                strip + gzip target/release/redlite into .bench-bin/redlite.gz
+#                bench/gpu/prepare_llama_src.sh   (-> .llama-cuda-src)
+# Then:  run(command="bash bench/gpu/prefill.sh", carry=[".bench-bin", ".llama-cuda-src"])
+#
+# Steps (STEPS, in the order given; default all but cf2q4km):
+#   build     llama.cpp (CUDA, sm_90) in the background; the llama steps wait
+#   selftest  every kernel against its float64 reference (rows not ok, and
+#             the prefill rows)
+#   parity    the tiny fixtures: the batched prefill against token by token
+#             and against the CPU reference (redlite parity)
+#   pp        iq2 synth file: Red Lite prompt tok/s at PP (default
+#             512,2048,8192) and pp512 at depth 32768 (depth filled by
+#             prefill), then decode tg64 at depths 0 and 32768; ROUNDS
+#             rounds alternating with llama.cpp (-ngl 99 -fa 1, its default
+#             micro-batch and -ub 2048)
+#   budget    iq2 file under --memory 8G (Red Lite) against llama.cpp
+#             -ncmoe 35: pp512
+#   cf2q4km   cf2 and q4km synth files: pp2048, both engines
+# Result lines start with "RESULT"; everything is logged to $OUT/prefill.log.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+F=tests/fixtures/qwen3next
+LB="$WORK/llama-build/bin"
+NPROC=$(nproc)
+exec > >(tee -a "$OUT/prefill.log") 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+fail=0
+
+wait_build() {
+  while [[ ! -x $LB/llama-bench ]]; do
+    if [[ -f $WORK/build.done ]]; then echo "llama.cpp build failed:"; tail -20 "$WORK/build.log"; return 1; fi
+    sleep 5
+  done
+}
+rl_pp() { # file args... -> bench model rows
+  local m=$1; shift
+  timeout 300 "$R" bench model -m "$m" --device cuda "$@" 2>"$WORK/rl.err" | grep "^| qwen"
+  grep -E "memory plan|prefill" "$WORK/rl.err" | head -3 | sed 's/^/    /'
+}
+ll_pp() { # file args...
+  local m=$1; shift
+  timeout 300 "$LB/llama-bench" -m "$m" -ngl 99 -fa 1 -t "$NPROC" "$@" 2>"$WORK/ll.err" | grep -E "^\| .*(pp|tg)[0-9]"
+}
+
+for s in ${STEPS:-build selftest parity pp budget}; do
+  case $s in
+    build)
+      if [[ ! -x $LB/llama-bench ]]; then
+        rm -f "$WORK/build.done"
+        ( export PATH="/usr/local/cuda/bin:$PATH"
+          cmake -S .llama-cuda-src -B "$WORK/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA_ALL_QUANTS=OFF \
+            -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+          && nice -n 10 cmake --build "$WORK/llama-build" --target llama-bench -j "$NPROC"
+          touch "$WORK/build.done" ) >"$WORK/build.log" 2>&1 &
+        echo "== llama.cpp build started in the background"
+      fi ;;
+    selftest)
+      echo "== selftest (rows not ok, and every prefill row)"
+      timeout 300 "$R" selftest >"$WORK/selftest.txt" 2>&1; rc=$?
+      grep -E "gemm|chunk|FAIL|not ok|worst|^\| kernel" "$WORK/selftest.txt"
+      tail -3 "$WORK/selftest.txt"
+      [[ $rc == 0 ]] || { echo "selftest rc=$rc"; fail=1; } ;;
+    parity)
+      echo "== parity (tiny fixtures present here)"
+      fx=(); for f in $F/tiny-qwen3next-*.gguf; do [[ -f $f ]] && fx+=("$f"); done
+      timeout 400 "$R" parity -m "${fx[@]}" --n-prompt 40 --n-greedy 16 || fail=1 ;;
+    pp)
+      M=$(synth_file iq2)
+      for round in $(seq "${ROUNDS:-1}"); do
+        echo "== round $round: Red Lite prefill, iq2"
+        rl_pp "$M" -p "${PP:-512,2048,8192}" -n 0 -r 3
+        rl_pp "$M" -p 512 -n 0 -d 32768 -r 2
+        rl_pp "$M" -p 0 -n 64 -d 0,32768 --depth-fill skip -r 3
+        if wait_build; then
+          echo "== round $round: llama.cpp, default micro-batch"
+          ll_pp "$M" -p "${PP:-512,2048,8192}" -n 0 -r 3
+          ll_pp "$M" -p 512 -n 0 -d 32768 -r 2
+          echo "== round $round: llama.cpp -ub 2048"
+          ll_pp "$M" -p "${PP:-512,2048,8192}" -n 0 -r 3 -ub 2048 -b 2048
+          ll_pp "$M" -p 512 -n 0 -d 32768 -r 2 -ub 2048 -b 2048
+          ll_pp "$M" -p 0 -n 64 -d 0,32768 -r 3
+        fi
+      done ;;
+    budget)
+      M=$(synth_file iq2)
+      echo "== Red Lite --memory 8G (bounded expert cache: prompts token by token so far)"
+      rl_pp "$M" -p 512 -n 0 -r 2 --memory 8G
+      if wait_build; then
+        echo "== llama.cpp -ncmoe 35"
+        ll_pp "$M" -p 512 -n 0 -r 2 -ncmoe 35
+      fi ;;
+    cf2q4km)
+      for layout in cf2 q4km; do
+        M=$(synth_file "$layout")
+        echo "== $layout: Red Lite pp2048"; rl_pp "$M" -p 2048 -n 0 -r 3
+        if wait_build; then
+          echo "== $layout: llama.cpp pp2048 (default and -ub 2048)"
+          ll_pp "$M" -p 2048 -n 0 -r 3
+          ll_pp "$M" -p 2048 -n 0 -r 3 -ub 2048 -b 2048
+        fi
+        rm -f "$M"
+      done ;;
+    *) echo "unknown step $s"; fail=1 ;;
+  esac
+done
+exit $fail

@@ -1,0 +1,640 @@
+//! Batched prefill: a chunk of prompt tokens through every op at once
+//! (GEMMs on tensor cores for the projections and the routed experts, the
+//! chunk kernels for attention, DeltaNet, routing and the combine), then
+//! the head on the chunk's last token. The same ops as the decode graph
+//! (their weights and their state: KV caches, conv windows, recurrent
+//! states), walked in the same order, so the decode that follows reads
+//! exactly the state token-by-token steps would have left, up to the
+//! rounding of the f16 GEMM inputs.
+//!
+//! The fusions of the decode graph are undone here: a MoE op's input norm
+//! (`in_norm`: the post-mixer residual add and RMSNorm) runs before it and
+//! its next norm after its combine, each as one RMSNorm over the chunk.
+//!
+//! Only at full expert residency (every expert in its own slot); with a
+//! bounded cache the sequence falls back to token-by-token steps.
+
+use super::ffn::FfnOp;
+use super::proj::Proj;
+use super::stages::{head_int8, Op};
+use super::CudaDecoder;
+use crate::device::Gpu;
+use crate::error::{ensure, Context, Result};
+use crate::gemv::{route_tiles, GemmIn, GemmOut, GEMM_TILE};
+use crate::ops::{self, GdnChunkScratch, GdnWeights, Rows, SharedRows};
+use cudarc::driver::CudaSlice;
+use redlite_gguf::GgmlType;
+use redlite_model::blocks::deltanet::L2_EPS;
+use redlite_model::Model;
+
+/// Device buffers of a chunk of up to `cap` tokens, sized from the ops.
+pub(super) struct ChunkBufs {
+    cap: usize,
+    x: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    mix: CudaSlice<f32>,
+    /// Every projection's outputs (group after group, rows of the group's
+    /// width), reused layer after layer.
+    proj: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    o: CudaSlice<f32>,
+    conv: CudaSlice<f32>,
+    raw: CudaSlice<f32>,
+    ffn_g: CudaSlice<f32>,
+    ffn_u: CudaSlice<f32>,
+    ffn_out: CudaSlice<f32>,
+    slots: CudaSlice<u32>,
+    experts: CudaSlice<u32>,
+    weights: CudaSlice<f32>,
+    pair_g: CudaSlice<f32>,
+    pair_u: CudaSlice<f32>,
+    pair_d: CudaSlice<f32>,
+    gather: CudaSlice<i32>,
+    pair_of: CudaSlice<i32>,
+    tiles: CudaSlice<i32>,
+    /// Device bytes of all of the above.
+    pub(super) bytes: usize,
+}
+
+fn proj_rows(p: &Proj) -> usize {
+    p.groups.iter().map(|(m, _)| m.rows).sum()
+}
+
+impl ChunkBufs {
+    fn new(gpu: &Gpu, ops: &[Op], d: usize, cap: usize) -> Result<Self> {
+        let (mut proj, mut qo, mut conv, mut raw, mut ff) = (0, 0, 0, 0, 0);
+        let (mut pairs, mut pff, mut tiles, mut kmax) = (0, 0, 0, 1);
+        let ffn = |f: &FfnOp, ff: &mut usize| *ff = (*ff).max(f.gate.rows).max(f.up.rows);
+        for op in ops {
+            match op {
+                Op::Attn(a) => {
+                    proj = proj.max(proj_rows(&a.qkv));
+                    qo = qo.max(a.dims.n_head * a.dims.hd);
+                }
+                Op::Gdn(g) => {
+                    proj = proj.max(proj_rows(&g.inp));
+                    conv = conv.max(g.dims.conv_dim());
+                    raw = raw.max(g.dims.n_v * g.dims.dv);
+                }
+                Op::Moe(m) => {
+                    proj = proj.max(proj_rows(&m.router));
+                    let x = &m.x;
+                    kmax = kmax.max(x.k);
+                    pairs = pairs.max(x.k);
+                    pff = pff.max(x.gate.rows).max(x.up.rows);
+                    tiles = tiles.max(x.n_expert);
+                    if let Some(s) = &m.shared {
+                        ffn(s, &mut ff);
+                    }
+                }
+                Op::Dense(f) => ffn(f, &mut ff),
+                Op::Norm { .. } | Op::Head { .. } => {}
+            }
+        }
+        let np = cap * pairs;
+        let n_tiles = np.div_ceil(GEMM_TILE) + tiles;
+        let s = &gpu.stream;
+        let f = |n: usize| s.alloc_zeros::<f32>(n.max(1));
+        let b = Self {
+            cap,
+            x: f(cap * d)?,
+            h: f(cap * d)?,
+            mix: f(cap * d)?,
+            proj: f(cap * proj)?,
+            q: f(cap * qo)?,
+            o: f(cap * qo.max(raw))?,
+            conv: f(cap * conv)?,
+            raw: f(cap * raw)?,
+            ffn_g: f(cap * ff)?,
+            ffn_u: f(cap * ff)?,
+            ffn_out: f(cap * d)?,
+            slots: s.alloc_zeros(cap * kmax)?,
+            experts: s.alloc_zeros(cap * kmax)?,
+            weights: f(cap * kmax)?,
+            pair_g: f(np * pff)?,
+            pair_u: f(np * pff)?,
+            pair_d: f(np * d)?,
+            gather: s.alloc_zeros(np.max(1))?,
+            pair_of: s.alloc_zeros(np.max(1))?,
+            tiles: s.alloc_zeros(3 * n_tiles.max(1))?,
+            bytes: 0,
+        };
+        let floats = 4 * cap * d
+            + cap * (proj + 2 * qo.max(raw) + conv + raw + 2 * ff)
+            + cap * kmax
+            + np * (2 * pff + d);
+        let words = 2 * cap * kmax + 2 * np + 3 * n_tiles;
+        Ok(Self {
+            bytes: 4 * (floats + words),
+            ..b
+        })
+    }
+}
+
+/// Host-timed laps of a profiled prefill: the stream is drained after each
+/// step and its wall time added to the step's class.
+pub(super) struct Laps {
+    last: std::time::Instant,
+    pub(super) rows: Vec<(&'static str, f64, usize)>,
+}
+
+impl Laps {
+    fn new() -> Self {
+        Self {
+            last: std::time::Instant::now(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn lap(&mut self, gpu: &Gpu, label: &'static str, launches: usize) -> Result<()> {
+        gpu.sync()?;
+        let now = std::time::Instant::now();
+        let us = (now - self.last).as_secs_f64() * 1e6;
+        self.last = now;
+        match self.rows.iter_mut().find(|r| r.0 == label) {
+            Some(r) => {
+                r.1 += us;
+                r.2 += launches;
+            }
+            None => self.rows.push((label, us, launches)),
+        }
+        Ok(())
+    }
+}
+
+/// A projection's outputs for a chunk: per group, where its rows start in
+/// the scratch and how wide they are.
+struct ProjOut {
+    groups: Vec<(usize, usize)>,
+}
+
+impl ProjOut {
+    fn part<'a>(&self, p: &Proj, buf: &'a CudaSlice<f32>, i: usize) -> Rows<'a> {
+        let (g, off) = p.at[i];
+        let (base, ld) = self.groups[g];
+        Rows::new(buf, base + off, ld)
+    }
+}
+
+fn gemm_in(gpu: &Gpu, r: Rows, n: usize, cols: usize) -> Result<GemmIn> {
+    Ok(GemmIn {
+        x: r.ptr(gpu, n, cols)?,
+        ldx: r.ld,
+        gather: None,
+    })
+}
+
+fn gemm_out(gpu: &Gpu, r: Rows, n: usize, rows: usize) -> Result<GemmOut> {
+    Ok(GemmOut {
+        y: r.ptr(gpu, n, rows)?,
+        ldy: r.ld,
+    })
+}
+
+/// Every group of `p` over the chunk's `n` input rows, into `buf` (group
+/// after group), biases added; F32 groups exactly (routers).
+fn run_proj(gpu: &Gpu, p: &Proj, input: Rows, n: usize, buf: &CudaSlice<f32>) -> Result<ProjOut> {
+    let mut groups = Vec::with_capacity(p.groups.len());
+    let mut at = 0;
+    for ((m, _), bias) in p.groups.iter().zip(&p.biases) {
+        let out = Rows::new(buf, at, m.rows);
+        m.gemm(
+            gpu,
+            m.layout.ty == GgmlType::F32,
+            n,
+            gemm_in(gpu, input, n, m.cols)?,
+            gemm_out(gpu, out, n, m.rows)?,
+        )?;
+        if let Some(b) = bias {
+            ops::add_bias_rows(gpu, out, b, n)?;
+        }
+        groups.push((at, m.rows));
+        at += n * m.rows;
+    }
+    Ok(ProjOut { groups })
+}
+
+/// The FFN scratch of a chunk.
+struct FfnBufs<'a> {
+    g: &'a CudaSlice<f32>,
+    u: &'a CudaSlice<f32>,
+    out: &'a CudaSlice<f32>,
+}
+
+/// `out = down(SiLU(gate h) * up h)` for the chunk's rows.
+fn run_ffn(gpu: &Gpu, f: &FfnOp, h: Rows, n: usize, cb: &FfnBufs) -> Result<()> {
+    let ff = f.gate.rows;
+    let d = f.down.rows;
+    let (g, u) = (Rows::new(cb.g, 0, ff), Rows::new(cb.u, 0, ff));
+    f.gate.gemm(
+        gpu,
+        false,
+        n,
+        gemm_in(gpu, h, n, f.gate.cols)?,
+        gemm_out(gpu, g, n, ff)?,
+    )?;
+    f.up.gemm(
+        gpu,
+        false,
+        n,
+        gemm_in(gpu, h, n, f.up.cols)?,
+        gemm_out(gpu, u, n, ff)?,
+    )?;
+    ops::swiglu(gpu, (cb.g, 0), (cb.u, 0), cb.g, None, n * ff)?;
+    let out = Rows::new(cb.out, 0, d);
+    f.down.gemm(
+        gpu,
+        false,
+        n,
+        gemm_in(gpu, g, n, ff)?,
+        gemm_out(gpu, out, n, d)?,
+    )
+}
+
+impl CudaDecoder {
+    /// Whether prompts run in chunks on this decoder: a chunk size was
+    /// given and every expert is resident.
+    pub fn batched_prefill(&self) -> bool {
+        self.prefill_chunk > 0
+            && self.ops.iter().all(|op| match op {
+                Op::Moe(m) => m.x.cache.is_none() && m.file.is_none(),
+                _ => true,
+            })
+    }
+
+    /// Prompt tokens per chunk (0: token by token).
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
+    /// Device bytes of the prefill scratch once allocated.
+    pub fn prefill_scratch_bytes(&self) -> usize {
+        self.chunk.as_ref().map_or(0, |c| c.bytes)
+    }
+
+    /// Run `tokens` from the current position in chunks of
+    /// [`DecoderOptions::prefill_chunk`] tokens; returns the last token's
+    /// logits, or with `all` every token's (row after row).
+    pub fn prefill(&mut self, model: &Model, tokens: &[u32], all: bool) -> Result<Vec<f32>> {
+        ensure!(!tokens.is_empty(), "prefill of no tokens");
+        let chunk = self.prefill_chunk;
+        ensure!(chunk >= 1, "prefill chunk of 0 tokens");
+        ensure!(
+            self.pos + tokens.len() <= self.ctx,
+            "{} prompt tokens at position {} overrun the context of {}",
+            tokens.len(),
+            self.pos,
+            self.ctx
+        );
+        let mut out = Vec::new();
+        for part in tokens.chunks(chunk) {
+            self.run_chunk(model, part, chunk, all.then_some(&mut out), &mut None)?;
+        }
+        self.gpu.sync()?;
+        if !all {
+            out = self.gpu.stream.clone_dtoh(&self.bufs.logits)?;
+        }
+        Ok(out)
+    }
+
+    /// Where a prompt's time goes: `tokens` prefilled from the current
+    /// position with the stream drained after each step (host-timed), then
+    /// again without; µs per prompt token by step class.
+    pub fn profile_prefill(&mut self, model: &Model, tokens: &[u32]) -> Result<super::TokenProfile> {
+        ensure!(self.batched_prefill(), "the prefill profile needs the batched prefill");
+        let chunk = self.prefill_chunk;
+        let pos0 = self.pos;
+        let n = tokens.len() as f64;
+        let mut laps = Some(Laps::new());
+        let t0 = std::time::Instant::now();
+        for part in tokens.chunks(chunk) {
+            self.run_chunk(model, part, chunk, None, &mut laps)?;
+        }
+        self.gpu.sync()?;
+        let total_us = t0.elapsed().as_secs_f64() * 1e6 / n;
+        self.set_pos(pos0)?;
+        let t1 = std::time::Instant::now();
+        self.prefill(model, tokens, false)?;
+        let plain_us = t1.elapsed().as_secs_f64() * 1e6 / n;
+        let rows = laps
+            .map(|l| l.rows)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(label, us, k)| (label, us / n, k))
+            .collect();
+        Ok(super::TokenProfile {
+            rows,
+            total_us,
+            plain_us,
+        })
+    }
+
+    fn run_chunk(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        cap: usize,
+        all: Option<&mut Vec<f32>>,
+        laps: &mut Option<Laps>,
+    ) -> Result<()> {
+        ensure!(
+            self.batched_prefill(),
+            "batched prefill needs every expert resident"
+        );
+        let n = tokens.len();
+        let d = self.row.len();
+        if self.chunk.as_ref().is_none_or(|c| c.cap < n) {
+            self.chunk = None;
+            self.chunk = Some(ChunkBufs::new(&self.gpu, &self.ops, d, cap.max(n))?);
+        }
+        // Embeddings: dequantized on the host, as the decode does.
+        let m = self.embd.matrix(model.file())?;
+        let mut rows = vec![0f32; n * d];
+        for (t, &tok) in tokens.iter().enumerate() {
+            ensure!(
+                (tok as usize) < m.rows,
+                "token {tok} outside the vocabulary"
+            );
+            m.dequantize_row(tok as usize, &mut rows[t * d..(t + 1) * d])?;
+        }
+        let gpu = &self.gpu;
+        let cb = self.chunk.as_mut().context("chunk buffers")?;
+        gpu.stream
+            .memcpy_htod(&rows, &mut cb.x.slice_mut(0..n * d))?;
+        let pos0 = self.pos;
+        let ChunkBufs {
+            x: cx,
+            h: ch,
+            mix: cmix,
+            proj,
+            q: cq,
+            o: co,
+            conv,
+            raw,
+            ffn_g,
+            ffn_u,
+            ffn_out,
+            slots,
+            experts: cexperts,
+            weights,
+            pair_g,
+            pair_u,
+            pair_d,
+            gather,
+            pair_of,
+            tiles,
+            ..
+        } = cb;
+        let (cx, ch, cmix, proj) = (&*cx, &*ch, &*cmix, &*proj);
+        let ffn_bufs = FfnBufs {
+            g: ffn_g,
+            u: ffn_u,
+            out: ffn_out,
+        };
+        let hr = Rows::new(ch, 0, d);
+        let mixr = Rows::new(cmix, 0, d);
+        let mut head = None;
+        macro_rules! lap {
+            ($label:expr, $n:expr) => {
+                if let Some(l) = laps.as_mut() {
+                    l.lap(gpu, $label, $n)?;
+                }
+            };
+        }
+        lap!("embedding rows (host) + upload", 0);
+        for (i, op) in self.ops.iter().enumerate() {
+            match op {
+                Op::Norm { w, eps, add_mix } => {
+                    let res = add_mix.then_some(cmix);
+                    ops::rms_norm(gpu, cx, res, w, Some(ch), None, n, d, *eps, false)?;
+                    lap!("RMSNorm (+ residual add)", 1);
+                }
+                Op::Attn(a) => {
+                    let po = run_proj(gpu, &a.qkv, hr, n, proj)?;
+                    lap!("attention: q|k|v GEMM", a.qkv.groups.len());
+                    let (qf, k, v) = (
+                        po.part(&a.qkv, proj, 0),
+                        po.part(&a.qkv, proj, 1),
+                        po.part(&a.qkv, proj, 2),
+                    );
+                    let qd = a.dims.n_head * a.dims.hd;
+                    let (q, o) = (Rows::new(&*cq, 0, qd), Rows::new(&*co, 0, qd));
+                    let norms = a.norms.as_ref().map(|(q, k)| (q, k));
+                    ops::attn_prep_chunk(
+                        gpu,
+                        &a.dims,
+                        qf,
+                        k,
+                        v,
+                        norms,
+                        &a.inv_freq,
+                        pos0,
+                        n,
+                        q,
+                        &a.kv,
+                        a.eps,
+                    )?;
+                    let gate = a.dims.gated.then_some(qf);
+                    ops::attn_chunk(gpu, &a.dims, q, &a.kv, gate, o, pos0, n, a.scale)?;
+                    lap!("attention: prep + causal attention", 2);
+                    a.wo.gemm(
+                        gpu,
+                        false,
+                        n,
+                        gemm_in(gpu, o, n, qd)?,
+                        gemm_out(gpu, mixr, n, d)?,
+                    )?;
+                }
+                Op::Gdn(g) => {
+                    let po = run_proj(gpu, &g.inp, hr, n, proj)?;
+                    lap!("DeltaNet: qkv|z|ba GEMM", g.inp.groups.len());
+                    let w = GdnWeights {
+                        conv_w: &g.conv_w,
+                        dt_bias: &g.dt_bias,
+                        ssm_a: &g.ssm_a,
+                        norm_w: &g.norm_w,
+                    };
+                    let scratch = GdnChunkScratch {
+                        conv: &*conv,
+                        raw: &*raw,
+                    };
+                    ops::gdn_chunk(
+                        gpu,
+                        &g.dims,
+                        &w,
+                        po.part(&g.inp, proj, 0),
+                        po.part(&g.inp, proj, 1),
+                        po.part(&g.inp, proj, 2),
+                        &g.ring,
+                        &g.state,
+                        &scratch,
+                        &*co,
+                        pos0,
+                        n,
+                        g.eps,
+                        L2_EPS,
+                    )?;
+                    lap!("DeltaNet: conv, norms, recurrence, gated norm", 5);
+                    let vd = g.dims.n_v * g.dims.dv;
+                    let o = Rows::new(&*co, 0, vd);
+                    g.w_out.gemm(
+                        gpu,
+                        false,
+                        n,
+                        gemm_in(gpu, o, n, vd)?,
+                        gemm_out(gpu, mixr, n, d)?,
+                    )?;
+                }
+                Op::Moe(m) => {
+                    if let Some((w, eps)) = &m.in_norm {
+                        ops::rms_norm(gpu, cx, Some(cmix), w, Some(ch), None, n, d, *eps, false)?;
+                        lap!("RMSNorm (+ residual add)", 1);
+                    }
+                    let x = &m.x;
+                    let po = run_proj(gpu, &m.router, hr, n, proj)?;
+                    let logits = po.part(&m.router, proj, 0);
+                    ops::router_topk_chunk(
+                        gpu,
+                        logits,
+                        x.n_expert,
+                        x.k,
+                        x.norm_topk,
+                        n,
+                        &*slots,
+                        &*cexperts,
+                        &*weights,
+                    )?;
+                    lap!("MoE: router GEMM (f32) + top-k", 1 + m.router.groups.len());
+                    gpu.sync()?;
+                    let experts = gpu.stream.clone_dtoh(&cexperts.slice(0..n * x.k))?;
+                    let rt = route_tiles(&experts, x.k, x.n_expert)?;
+                    let np = n * x.k;
+                    let n_tiles = rt.tiles.len() / 3;
+                    gpu.stream
+                        .memcpy_htod(&rt.tiles, &mut tiles.slice_mut(0..rt.tiles.len()))?;
+                    gpu.stream
+                        .memcpy_htod(&rt.gather, &mut gather.slice_mut(0..np))?;
+                    gpu.stream
+                        .memcpy_htod(&rt.pair_of, &mut pair_of.slice_mut(0..np))?;
+                    lap!("MoE: routes to the host, tiles back", 0);
+                    let ff = x.gate.rows;
+                    let gather_in = GemmIn {
+                        x: hr.ptr(gpu, n, d)?,
+                        ldx: d,
+                        gather: Some(crate::device::dptr(gpu, Some(&*gather))),
+                    };
+                    let (pg, pu, pd) = (
+                        Rows::new(&*pair_g, 0, ff),
+                        Rows::new(&*pair_u, 0, ff),
+                        Rows::new(&*pair_d, 0, d),
+                    );
+                    x.gate.gemm_grouped(
+                        gpu,
+                        tiles,
+                        n_tiles,
+                        rt.max_expert,
+                        np,
+                        gather_in,
+                        gemm_out(gpu, pg, np, ff)?,
+                    )?;
+                    x.up.gemm_grouped(
+                        gpu,
+                        tiles,
+                        n_tiles,
+                        rt.max_expert,
+                        np,
+                        gather_in,
+                        gemm_out(gpu, pu, np, ff)?,
+                    )?;
+                    ops::swiglu(gpu, (&*pair_g, 0), (&*pair_u, 0), &*pair_g, None, np * ff)?;
+                    x.down.gemm_grouped(
+                        gpu,
+                        tiles,
+                        n_tiles,
+                        rt.max_expert,
+                        np,
+                        gemm_in(gpu, pg, np, ff)?,
+                        gemm_out(gpu, pd, np, d)?,
+                    )?;
+                    lap!("MoE: routed experts gate, up, SwiGLU, down (grouped GEMMs)", 4);
+                    let shared = match &m.shared {
+                        Some(s) => {
+                            run_ffn(gpu, s, hr, n, &ffn_bufs)?;
+                            Some(SharedRows {
+                                out: &*ffn_bufs.out,
+                                logit: m.has_shared_gate.then(|| po.part(&m.router, proj, 1)),
+                            })
+                        }
+                        None => None,
+                    };
+                    lap!("MoE: shared expert (GEMMs)", 4);
+                    ops::moe_combine_chunk(
+                        gpu, cx, &*pair_d, pair_of, np, &*weights, x.k, d, n, shared,
+                    )?;
+                    if let Some((w, eps, _)) = &m.next_norm {
+                        ops::rms_norm(gpu, cx, None, w, Some(ch), None, n, d, *eps, false)?;
+                    }
+                    // The host reads these lists again for the next layer:
+                    // the copies above must be done before they change.
+                    gpu.sync()?;
+                    lap!("MoE: combine + next RMSNorm", 2);
+                }
+                Op::Dense(f) => {
+                    run_ffn(gpu, f, hr, n, &ffn_bufs)?;
+                    ops::add_inplace(gpu, cx, &*ffn_bufs.out, n * d)?;
+                    lap!("dense FFN (GEMMs)", 5);
+                }
+                Op::Head { .. } => head = Some(i),
+            }
+        }
+        // The last token's x and h into the decode buffers, then the head.
+        let last = (n - 1) * d..n * d;
+        gpu.stream
+            .memcpy_dtod(&cx.slice(last.clone()), &mut self.bufs.x)?;
+        gpu.stream.memcpy_dtod(&ch.slice(last), &mut self.bufs.h)?;
+        let i = head.context("the stages have no head")?;
+        let Op::Head { norm, eps, w } = &self.ops[i] else {
+            unreachable!("head index points at the head")
+        };
+        if let Some(all) = all {
+            // Every row's logits: the head's norm over the chunk (where the
+            // last MoE op did not fuse it), then the head as a GEMM.
+            if let Some(nw) = norm {
+                ops::rms_norm(gpu, cx, None, nw, Some(ch), None, n, d, *eps, false)?;
+            }
+            let lg = gpu.stream.alloc_zeros::<f32>(n * w.rows)?;
+            let lr = Rows::new(&lg, 0, w.rows);
+            w.gemm(
+                gpu,
+                false,
+                n,
+                gemm_in(gpu, hr, n, d)?,
+                gemm_out(gpu, lr, n, w.rows)?,
+            )?;
+            gpu.sync()?;
+            all.extend(gpu.stream.clone_dtoh(&lg)?);
+        }
+        let b = &mut self.bufs;
+        let int8 = head_int8(w);
+        match norm {
+            Some(nw) => {
+                let hq = if int8 { b.hq.as_ref() } else { None };
+                ops::rms_norm(gpu, &b.x, None, nw, Some(&b.h), hq, 1, d, *eps, false)?;
+            }
+            None => {
+                if let (true, Some(q)) = (int8, b.hq.as_mut()) {
+                    q.quantize(gpu, &b.h)?;
+                }
+            }
+        }
+        let hq = if int8 { b.hq.as_ref() } else { None };
+        super::proj::mv(gpu, &self.tuning, w, &b.h, hq, &mut b.logits)?;
+        lap!("head (last token)", 2);
+        self.pos += n;
+        self.tick = self
+            .tick
+            .checked_add(n as u32)
+            .context("token counter overflow")?;
+        Ok(())
+    }
+}

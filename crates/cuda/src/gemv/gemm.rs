@@ -1,0 +1,321 @@
+//! Prefill GEMM launches (`kernels/gemm_common.cuh`, the `gemm_*` kernels
+//! of each GEMV file): a chunk of activation rows times one matrix, or the
+//! (token, expert) pairs of a chunk times their experts (grouped, one tile
+//! list over the layer's experts).
+
+use super::{DeviceMatrix, ExpertStack};
+use crate::device::{cfg, dptr, Gpu};
+use crate::error::{bail, ensure, Result};
+use crate::layout::DeviceLayout;
+use cudarc::driver::{CudaSlice, DeviceRepr};
+use redlite_gguf::GgmlType;
+
+/// Weight rows and activation rows of one GEMM tile (`GEMM_BM`, `GEMM_BN`;
+/// `gemm_f32` uses the same).
+pub const GEMM_TILE: usize = 64;
+
+/// The kernel's argument struct (`GemmArgs` in `gemm_common.cuh`: same
+/// field order and types; 8-byte pointers and i64s first, the i32s last,
+/// padded to a multiple of 8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GemmArgs {
+    pub w: u64,
+    pub mat_bytes: u64,
+    pub slots: u64,
+    pub tiles: u64,
+    pub x: u64,
+    pub gather: u64,
+    pub y: u64,
+    pub ldx: i64,
+    pub ldy: i64,
+    pub rows: i32,
+    pub nb: i32,
+    pub n: i32,
+    pub pad: i32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers, passed to the kernel by
+// value as the `GemmArgs` it mirrors (checked field by field in the tests).
+unsafe impl DeviceRepr for GemmArgs {}
+
+/// Activation rows in: `x` (f32 device address) rows `ldx` floats apart,
+/// row p read from `gather[p]` when a gather list is given.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmIn {
+    pub x: u64,
+    pub ldx: usize,
+    pub gather: Option<u64>,
+}
+
+/// Output rows: `y` (f32 device address) rows `ldy` floats apart.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmOut {
+    pub y: u64,
+    pub ldy: usize,
+}
+
+/// Which kernel multiplies a matrix of `ty`: the tensor-core kernel of its
+/// format, or for F32 either the exact SIMT kernel (`exact`: routers) or
+/// the f16 one.
+pub fn gemm_kernel(ty: GgmlType, exact: bool) -> Result<&'static str> {
+    Ok(match ty {
+        GgmlType::F32 if exact => "gemm_f32",
+        GgmlType::F32 => "gemm_f32h",
+        GgmlType::Q4_K => "gemm_q4_k",
+        GgmlType::Q6_K => "gemm_q6_k",
+        GgmlType::IQ2_XXS => "gemm_iq2_xxs",
+        GgmlType::Q8_0 => "gemm_q8_0",
+        GgmlType::Q5_0 => "gemm_q5_0",
+        GgmlType::Q5_K => "gemm_q5_k",
+        GgmlType::IQ4_NL => "gemm_iq4_nl",
+        GgmlType::IQ2_XS => "gemm_iq2_xs",
+        GgmlType::IQ1_M => "gemm_iq1_m",
+        other => bail!("no CUDA GEMM kernel for {other:?}"),
+    })
+}
+
+/// One launch: the matrix (or stack) at `w`, `tiles` either the device
+/// tile list and its length or None (one matrix, `n` rows in tiles of 64).
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    gpu: &Gpu,
+    layout: &DeviceLayout,
+    exact: bool,
+    w: &CudaSlice<u8>,
+    mat_bytes: usize,
+    rows: usize,
+    cols: usize,
+    tiles: Option<(&CudaSlice<i32>, usize)>,
+    n: usize,
+    input: GemmIn,
+    out: GemmOut,
+) -> Result<()> {
+    let nb = layout.blocks_per_row(cols)?;
+    ensure!(
+        input.ldx >= cols && out.ldy >= rows,
+        "gemm: rows of {} / {} floats for a {rows} x {cols} matrix",
+        input.ldx,
+        out.ldy
+    );
+    ensure!(
+        input.x % 16 == 0 && input.ldx.is_multiple_of(4),
+        "gemm: activation rows must be 16-byte aligned"
+    );
+    ensure!(rows >= 1 && rows <= i32::MAX as usize && nb <= i32::MAX as usize);
+    let n_tiles = match tiles {
+        Some((t, len)) => {
+            ensure!(t.len() >= 3 * len, "gemm: short tile list");
+            len
+        }
+        None => n.div_ceil(GEMM_TILE),
+    };
+    if n_tiles == 0 {
+        return Ok(());
+    }
+    ensure!(n_tiles <= 65535, "gemm: {n_tiles} tiles in one launch");
+    ensure!(n <= i32::MAX as usize);
+    let name = gemm_kernel(layout.ty, exact)?;
+    let args = GemmArgs {
+        w: dptr(gpu, Some(w)),
+        mat_bytes: mat_bytes as u64,
+        slots: 0,
+        tiles: tiles.map_or(0, |(t, _)| dptr(gpu, Some(t))),
+        x: input.x,
+        gather: input.gather.unwrap_or(0),
+        y: out.y,
+        ldx: input.ldx as i64,
+        ldy: out.ldy as i64,
+        rows: rows as i32,
+        nb: nb as i32,
+        n: n as i32,
+        pad: 0,
+    };
+    let threads = if name == "gemm_f32" { 256 } else { 128 };
+    // SAFETY: gemm_*(GemmArgs) by value (the struct mirrors the kernel's);
+    // the weights hold every matrix a tile names (the callers check the
+    // tile list against the stack), x holds every row the tiles (or n)
+    // read, through gather where given, of ldx >= cols floats, y every
+    // row they write of ldy >= rows floats (the callers' contract, checked
+    // against their buffer sizes); all on `gpu.stream`.
+    unsafe {
+        gpu.launch(
+            name,
+            cfg(
+                ((rows as u32).div_ceil(GEMM_TILE as u32), n_tiles as u32),
+                threads,
+            ),
+            &[&args],
+        )
+    }
+}
+
+impl DeviceMatrix {
+    /// `y[p] = W x[p]` for the `n` activation rows of `input` (f16
+    /// tensor cores; F32 matrices exactly in f32 when `exact`).
+    pub fn gemm(
+        &self,
+        gpu: &Gpu,
+        exact: bool,
+        n: usize,
+        input: GemmIn,
+        out: GemmOut,
+    ) -> Result<()> {
+        launch(
+            gpu,
+            &self.layout,
+            exact,
+            &self.buf,
+            self.bytes(),
+            self.rows,
+            self.cols,
+            None,
+            n,
+            input,
+            out,
+        )
+    }
+}
+
+impl ExpertStack {
+    /// `y[p] = W_e x[gather[p]]` for every tile (e, p0, p1) of `tiles`
+    /// (`n_tiles` of them; expert e's matrix in slot e: full residency).
+    /// `max_expert`: the largest expert id the tiles name (checked by the
+    /// caller that built them on the host).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_grouped(
+        &self,
+        gpu: &Gpu,
+        tiles: &CudaSlice<i32>,
+        n_tiles: usize,
+        max_expert: usize,
+        n_pairs: usize,
+        input: GemmIn,
+        out: GemmOut,
+    ) -> Result<()> {
+        ensure!(
+            max_expert < self.n_slots,
+            "gemm: expert {max_expert} of {} slots",
+            self.n_slots
+        );
+        launch(
+            gpu,
+            &self.layout,
+            false,
+            &self.buf,
+            self.stride,
+            self.rows,
+            self.cols,
+            Some((tiles, n_tiles)),
+            n_pairs,
+            input,
+            out,
+        )
+    }
+}
+
+/// The tile list of a chunk's routed pairs: `experts[t*k + i]` is token
+/// t's i-th expert. Pairs are ordered by expert, then token; returns
+/// (tiles as (expert, p0, p1) triples, the token of each pair, each
+/// (token, choice)'s pair index, the largest expert id).
+pub fn route_tiles(experts: &[u32], k: usize, n_expert: usize) -> Result<RouteTiles> {
+    ensure!(k >= 1 && experts.len().is_multiple_of(k), "route tiles: k");
+    let mut count = vec![0usize; n_expert];
+    for &e in experts {
+        ensure!(
+            (e as usize) < n_expert,
+            "router chose expert {e} of {n_expert}"
+        );
+        count[e as usize] += 1;
+    }
+    let mut start = vec![0usize; n_expert + 1];
+    for e in 0..n_expert {
+        start[e + 1] = start[e] + count[e];
+    }
+    let mut next = start.clone();
+    let mut gather = vec![0i32; experts.len()];
+    let mut pair_of = vec![0i32; experts.len()];
+    for (j, &e) in experts.iter().enumerate() {
+        let p = next[e as usize];
+        next[e as usize] += 1;
+        gather[p] = (j / k) as i32;
+        pair_of[j] = p as i32;
+    }
+    let mut tiles = Vec::new();
+    let mut max_expert = 0;
+    for e in 0..n_expert {
+        let mut p = start[e];
+        while p < start[e + 1] {
+            let end = (p + GEMM_TILE).min(start[e + 1]);
+            tiles.extend_from_slice(&[e as i32, p as i32, end as i32]);
+            max_expert = e;
+            p = end;
+        }
+    }
+    Ok(RouteTiles {
+        tiles,
+        gather,
+        pair_of,
+        max_expert,
+    })
+}
+
+/// See [`route_tiles`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteTiles {
+    pub tiles: Vec<i32>,
+    pub gather: Vec<i32>,
+    pub pair_of: Vec<i32>,
+    pub max_expert: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The struct the kernel reads by value: 7 pointers, 2 i64, 4 i32 =
+    /// 88 bytes, fields at the offsets C gives the same declaration.
+    #[test]
+    fn gemm_args_layout_matches_the_kernel_struct() {
+        assert_eq!(std::mem::size_of::<GemmArgs>(), 88);
+        assert_eq!(std::mem::align_of::<GemmArgs>(), 8);
+        let a = GemmArgs::default();
+        let base = &a as *const GemmArgs as usize;
+        assert_eq!(&a.ldx as *const i64 as usize - base, 56);
+        assert_eq!(&a.rows as *const i32 as usize - base, 72);
+        assert_eq!(&a.pad as *const i32 as usize - base, 84);
+    }
+
+    /// Every (token, choice) lands in exactly one tile of its expert, the
+    /// tiles of an expert are contiguous, at most 64 rows, and cover its
+    /// pairs in token order.
+    #[test]
+    fn route_tiles_cover_every_pair_once() {
+        let k = 2;
+        // 70 tokens: expert 3 chosen by all (two tiles), 0 and 5 by halves
+        let mut experts = Vec::new();
+        for t in 0..70u32 {
+            experts.push(if t % 2 == 0 { 0 } else { 3 });
+            experts.push(if t % 2 == 0 { 3 } else { 5 });
+        }
+        let r = route_tiles(&experts, k, 8).unwrap();
+        assert_eq!(r.max_expert, 5);
+        let tiles: Vec<[i32; 3]> = r.tiles.chunks(3).map(|c| [c[0], c[1], c[2]]).collect();
+        assert_eq!(
+            tiles,
+            vec![[0, 0, 35], [3, 35, 99], [3, 99, 105], [5, 105, 140]]
+        );
+        for (j, &e) in experts.iter().enumerate() {
+            let p = r.pair_of[j] as usize;
+            assert_eq!(r.gather[p] as usize, j / k, "pair {p} reads its token");
+            let tile = tiles
+                .iter()
+                .find(|t| (t[1] as usize..t[2] as usize).contains(&p))
+                .unwrap();
+            assert_eq!(tile[0] as u32, e);
+        }
+        // pairs of one expert in token order
+        assert!(r.gather[35..105].windows(2).all(|w| w[0] < w[1]));
+        assert!(route_tiles(&[9], 1, 8).is_err());
+    }
+}

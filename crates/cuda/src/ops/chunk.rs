@@ -1,0 +1,424 @@
+//! Launches of the prefill kernels that take a chunk of tokens at once
+//! (`attn_prep_chunk`, `kernels/attn_chunk.cu`, `kernels/deltanet_chunk.cu`,
+//! `router_topk_chunk`, `add_bias_rows`, `moe_combine_chunk`). Activations
+//! are rows of a device buffer ([`Rows`]); every wrapper checks that the
+//! rows it hands a kernel lie inside their buffer.
+
+use super::attention::{AttnDims, KvCache};
+use super::deltanet::{GdnDims, GdnWeights};
+use super::router::ROUTER_MAX_N;
+use crate::device::{cfg, dptr, i32_of, Gpu};
+use crate::error::{ensure, Result};
+use cudarc::driver::CudaSlice;
+
+/// Rows of floats in a device buffer: row t is `buf[off + t*ld..][..width]`.
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    pub buf: &'a CudaSlice<f32>,
+    pub off: usize,
+    pub ld: usize,
+}
+
+impl<'a> Rows<'a> {
+    pub fn new(buf: &'a CudaSlice<f32>, off: usize, ld: usize) -> Self {
+        Self { buf, off, ld }
+    }
+
+    /// The device address of row 0, after checking that `n` rows of
+    /// `width` floats fit in the buffer.
+    pub fn ptr(&self, gpu: &Gpu, n: usize, width: usize) -> Result<u64> {
+        ensure!(n >= 1, "rows: none");
+        ensure!(
+            n == 1 || width <= self.ld,
+            "rows: {width} floats a row, {} apart",
+            self.ld
+        );
+        let end = self.off + (n - 1) * self.ld + width;
+        ensure!(
+            end <= self.buf.len(),
+            "rows: {n} rows of {width} floats ({} apart, from {}) overrun a buffer of {}",
+            self.ld,
+            self.off,
+            self.buf.len()
+        );
+        Ok(dptr(gpu, Some(self.buf)) + 4 * self.off as u64)
+    }
+}
+
+/// q/k norm, RoPE and the KV append of `tokens` tokens at positions
+/// `pos0..`; the rotated queries into `q_out` (rows of n_head*hd).
+#[allow(clippy::too_many_arguments)]
+pub fn attn_prep_chunk(
+    gpu: &Gpu,
+    a: &AttnDims,
+    q_full: Rows,
+    k: Rows,
+    v: Rows,
+    norms: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+    inv_freq: &CudaSlice<f64>,
+    pos0: usize,
+    tokens: usize,
+    q_out: Rows,
+    kv: &KvCache,
+    eps: f32,
+) -> Result<()> {
+    a.check()?;
+    let (nh, nkv, hd) = (a.n_head, a.n_kv, a.hd);
+    ensure!(q_out.ld == nh * hd, "attn_prep_chunk: q_out rows");
+    let qfp = q_full.ptr(gpu, tokens, nh * hd * (1 + a.gated as usize))?;
+    let (kp, vp) = (k.ptr(gpu, tokens, nkv * hd)?, v.ptr(gpu, tokens, nkv * hd)?);
+    let qop = q_out.ptr(gpu, tokens, nh * hd)?;
+    ensure!(
+        (pos0 + tokens) * nkv * hd <= kv.len(),
+        "attn_prep_chunk: positions {pos0}..{} past the cache",
+        pos0 + tokens
+    );
+    ensure!(inv_freq.len() >= a.n_rot / 2 && tokens <= 65535);
+    ensure!(norms.is_none_or(|(q, k)| q.len() >= hd && k.len() >= hd));
+    let (kcp, vcp) = kv.ptrs(gpu);
+    let p: [u64; 6] = [
+        dptr(gpu, norms.map(|n| n.0)),
+        dptr(gpu, norms.map(|n| n.1)),
+        dptr(gpu, Some(inv_freq)),
+        qop,
+        kcp,
+        vcp,
+    ];
+    let ld: [i64; 3] = [q_full.ld as i64, k.ld as i64, v.ld as i64];
+    let i: [i32; 6] = [
+        a.n_rot as i32,
+        i32_of(pos0)?,
+        nh as i32,
+        nkv as i32,
+        hd as i32,
+        a.gated as i32,
+    ];
+    let name = kv.ty().kernel("attn_prep_chunk", "");
+    // SAFETY: attn_prep_chunk[_kvf16](q_full, k, v, ld_q, ld_k, ld_v,
+    // q_norm, k_norm, inv_freq, n_rot, pos0, q_out, k_cache, v_cache,
+    // n_head, n_kv, hd, gated, eps); the rows of every token and the cache
+    // positions it writes are checked above.
+    unsafe {
+        gpu.launch(
+            &name,
+            cfg(((nh + nkv) as u32, tokens as u32), 256),
+            &[
+                &qfp, &kp, &vp, &ld[0], &ld[1], &ld[2], &p[0], &p[1], &p[2], &i[0], &i[1], &p[3],
+                &p[4], &p[5], &i[2], &i[3], &i[4], &i[5], &eps,
+            ],
+        )
+    }
+}
+
+/// Causal attention of `tokens` queries (positions `pos0..`) over the
+/// cache; `gate`: the q_full rows (gated layers), out *= sigmoid(gate).
+#[allow(clippy::too_many_arguments)]
+pub fn attn_chunk(
+    gpu: &Gpu,
+    a: &AttnDims,
+    q: Rows,
+    kv: &KvCache,
+    gate: Option<Rows>,
+    out: Rows,
+    pos0: usize,
+    tokens: usize,
+    scale: f32,
+) -> Result<()> {
+    a.check()?;
+    let (nh, nkv, hd) = (a.n_head, a.n_kv, a.hd);
+    ensure!(
+        q.ld == nh * hd && out.ld == nh * hd,
+        "attn_chunk: q/out rows"
+    );
+    let (qp, op) = (q.ptr(gpu, tokens, nh * hd)?, out.ptr(gpu, tokens, nh * hd)?);
+    ensure!(
+        (pos0 + tokens) * nkv * hd <= kv.len(),
+        "attn_chunk: past the cache"
+    );
+    let (gp, gld) = match gate {
+        Some(g) => (
+            g.ptr(gpu, tokens, 2 * nh * hd)? + 4 * hd as u64,
+            g.ld as i64,
+        ),
+        None => (0, 0),
+    };
+    let (kcp, vcp) = kv.ptrs(gpu);
+    let rows = tokens * (nh / nkv);
+    let blocks = rows.div_ceil(8);
+    ensure!(blocks <= i32::MAX as usize && nkv <= 65535);
+    let name = kv.ty().kernel("attn_chunk", &format!("_d{hd}"));
+    let (nh_i, nkv_i, p0, t_i) = (nh as i32, nkv as i32, i32_of(pos0)?, i32_of(tokens)?);
+    // SAFETY: attn_chunk[_kvf16]_d{hd}(q, k_cache, v_cache, gate, gate_ld,
+    // out, n_head, n_kv, pos0, tokens, scale); grid (ceil(tokens*G/8),
+    // n_kv), 8 warps a block (ACH_WARPS); rows and cache positions checked
+    // above (hd is 64, 128 or 256: AttnDims::check).
+    unsafe {
+        gpu.launch(
+            &name,
+            cfg((blocks as u32, nkv as u32), 256),
+            &[
+                &qp, &kcp, &vcp, &gp, &gld, &op, &nh_i, &nkv_i, &p0, &t_i, &scale,
+            ],
+        )
+    }
+}
+
+/// The columns a block of the chunk recurrence takes (W: two a warp) and
+/// its variant (`gdn_recur_chunk_k{dk}`: dk/32 state rows a lane), for
+/// these shapes: 32 columns where dv is whole 32s (the models' dv 128:
+/// 4 blocks a head, 512 threads), else all dv (<= 32, even) in one block.
+pub fn gdn_chunk_split(s: &GdnDims) -> Option<(usize, &'static str)> {
+    let w = if s.dv.is_multiple_of(32) {
+        32
+    } else if s.dv <= 32 && s.dv.is_multiple_of(2) {
+        s.dv
+    } else {
+        return None;
+    };
+    let name = match s.dk {
+        32 => "gdn_recur_chunk_k32",
+        64 => "gdn_recur_chunk_k64",
+        128 => "gdn_recur_chunk_k128",
+        256 => "gdn_recur_chunk_k256",
+        _ => return None,
+    };
+    // Each thread stages at most GDN_MAXE (4) of a token's 2dk + W + 1
+    // values (k, q, v, gates).
+    (2 * s.dk + w + 1 <= 4 * 16 * w).then_some((w, name))
+}
+
+/// Scratch of a DeltaNet chunk: the conv outputs and the unnormalised
+/// recurrence outputs of every token.
+pub struct GdnChunkScratch<'a> {
+    pub conv: &'a CudaSlice<f32>,
+    pub raw: &'a CudaSlice<f32>,
+}
+
+/// A Gated DeltaNet layer over `tokens` tokens at positions `pos0..`:
+/// conv + SiLU, the ring update, the state recurrence, the gated norm
+/// into `out` (rows of n_v*dv).
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_chunk(
+    gpu: &Gpu,
+    s: &GdnDims,
+    w: &GdnWeights,
+    qkv: Rows,
+    z: Rows,
+    ba: Rows,
+    ring: &CudaSlice<f32>,
+    state: &CudaSlice<f32>,
+    scratch: &GdnChunkScratch,
+    out: &CudaSlice<f32>,
+    pos0: usize,
+    tokens: usize,
+    eps: f32,
+    l2_eps: f32,
+) -> Result<()> {
+    s.check()?;
+    let (cd, vd, kk) = (s.conv_dim(), s.n_v * s.dv, s.conv_kernel);
+    let (w_cols, recur) = gdn_chunk_split(s).ok_or_else(|| {
+        crate::error::CudaError::Invalid(format!("DeltaNet chunk: no kernel for {s:?}"))
+    })?;
+    ensure!(
+        s.dk <= 256 && s.dv <= 512 && s.dv <= 1024,
+        "DeltaNet chunk: head sizes"
+    );
+    let (inp, zp, bap) = (
+        qkv.ptr(gpu, tokens, cd)?,
+        z.ptr(gpu, tokens, vd)?,
+        ba.ptr(gpu, tokens, 2 * s.n_v)?,
+    );
+    ensure!(ring.len() >= kk * cd && state.len() >= s.state_len());
+    ensure!(scratch.conv.len() >= tokens * cd && scratch.raw.len() >= tokens * vd);
+    ensure!(out.len() >= tokens * vd && tokens <= 65535);
+    ensure!(w.conv_w.len() >= cd * kk && w.norm_w.len() >= s.dv);
+    ensure!(w.dt_bias.len() >= s.n_v && w.ssm_a.len() >= s.n_v);
+    let (cd_i, k_i, p0, t_i) = (i32_of(cd)?, kk as i32, i32_of(pos0)?, i32_of(tokens)?);
+    let ld_in = qkv.ld as i64;
+    let (ringp, statep) = (dptr(gpu, Some(ring)), dptr(gpu, Some(state)));
+    let (convp, rawp, outp) = (
+        dptr(gpu, Some(scratch.conv)),
+        dptr(gpu, Some(scratch.raw)),
+        dptr(gpu, Some(out)),
+    );
+    let cw = dptr(gpu, Some(w.conv_w));
+    let gx = (cd as u32).div_ceil(256);
+    // SAFETY: gdn_conv_chunk(in, ld_in, ring, conv_w, y, cd, K, pos0): the
+    // inputs' rows and the scratch (tokens x cd) checked above; the ring
+    // holds K slots of cd.
+    unsafe {
+        gpu.launch(
+            "gdn_conv_chunk",
+            cfg((gx, tokens as u32), 256),
+            &[&inp, &ld_in, &ringp, &cw, &convp, &cd_i, &k_i, &p0],
+        )
+    }?;
+    // SAFETY: gdn_ring_chunk(in, ld_in, ring, cd, K, pos0, tokens): writes
+    // slots of the ring (K x cd) from the checked input rows.
+    unsafe {
+        gpu.launch(
+            "gdn_ring_chunk",
+            cfg((gx, tokens.min(kk) as u32), 256),
+            &[&inp, &ld_in, &ringp, &cd_i, &k_i, &p0, &t_i],
+        )
+    }?;
+    let (cd_l, nk_i, dk_i) = (cd as i64, s.n_k as i32, s.dk as i32);
+    // SAFETY: gdn_qk_chunk(conv, cd, n_k, dk, l2_eps): grid (n_k, tokens),
+    // block 32*ceil(dk/32) <= 256 (dk <= 256: GdnDims::check); rewrites
+    // the q and k parts of the checked conv rows in place.
+    unsafe {
+        gpu.launch(
+            "gdn_qk_chunk",
+            cfg((s.n_k as u32, tokens as u32), (s.dk as u32).div_ceil(32) * 32),
+            &[&convp, &cd_l, &nk_i, &dk_i, &l2_eps],
+        )
+    }?;
+    let d: [i32; 5] = [
+        s.n_k as i32,
+        s.n_v as i32,
+        s.dk as i32,
+        s.dv as i32,
+        w_cols as i32,
+    ];
+    let ld_ba = ba.ld as i64;
+    let (dtb, sa) = (dptr(gpu, Some(w.dt_bias)), dptr(gpu, Some(w.ssm_a)));
+    let blocks = s.n_v * (s.dv / w_cols);
+    // SAFETY: gdn_recur_chunk_k{dk}(conv, ba, ld_ba, dt_bias, ssm_a,
+    // state, raw, n_k, n_v, dk, dv, W, tokens); grid n_v*dv/W blocks of
+    // 16*W threads (two columns a warp, dk/32 rows a lane: the variant
+    // matches dk, gdn_chunk_split); state n_v*dk*dv floats, conv tokens x
+    // cd, raw tokens x n_v*dv (checked above).
+    unsafe {
+        gpu.launch(
+            recur,
+            cfg((blocks as u32, 1), (16 * w_cols) as u32),
+            &[
+                &convp, &bap, &ld_ba, &dtb, &sa, &statep, &rawp, &d[0], &d[1], &d[2], &d[3], &d[4],
+                &t_i,
+            ],
+        )
+    }?;
+    let ld_z = z.ld as i64;
+    let nw = dptr(gpu, Some(w.norm_w));
+    let threads = (s.dv as u32).div_ceil(32) * 32;
+    // SAFETY: gdn_norm_chunk(raw, z, ld_z, norm_w, out, n_v, dv, eps);
+    // grid (n_v, tokens), a thread per value of the head (dv <= 1024), rows
+    // checked above.
+    unsafe {
+        gpu.launch(
+            "gdn_norm_chunk",
+            cfg((s.n_v as u32, tokens as u32), threads),
+            &[&rawp, &zp, &ld_z, &nw, &outp, &d[1], &d[3], &eps],
+        )
+    }
+}
+
+/// Softmax + top-k of every token's router logits; token t's choices at
+/// `t*k..` of `slots`, `experts`, `w` (ascending expert order).
+#[allow(clippy::too_many_arguments)]
+pub fn router_topk_chunk(
+    gpu: &Gpu,
+    logits: Rows,
+    n: usize,
+    k: usize,
+    norm: bool,
+    tokens: usize,
+    slots: &CudaSlice<u32>,
+    experts: &CudaSlice<u32>,
+    w: &CudaSlice<f32>,
+) -> Result<()> {
+    ensure!(
+        (1..=ROUTER_MAX_N).contains(&n) && (1..=32).contains(&k) && k <= n,
+        "router: {k} of {n} experts"
+    );
+    let lp = logits.ptr(gpu, tokens, n)?;
+    ensure!(slots.len() >= tokens * k && experts.len() >= tokens * k && w.len() >= tokens * k);
+    ensure!(tokens <= i32::MAX as usize);
+    let p = [
+        dptr(gpu, Some(slots)),
+        dptr(gpu, Some(experts)),
+        dptr(gpu, Some(w)),
+    ];
+    let (ld, n_i, k_i, norm_i) = (logits.ld as i64, n as i32, k as i32, norm as i32);
+    let threads = n.div_ceil(32) as u32 * 32;
+    // SAFETY: router_topk_chunk(logits, ld, n, k, norm, slots, experts, w);
+    // a block of 32*ceil(n/32) <= 1024 threads per token; rows and outputs
+    // checked above.
+    unsafe {
+        gpu.launch(
+            "router_topk_chunk",
+            cfg((tokens as u32, 1), threads),
+            &[&lp, &ld, &n_i, &k_i, &norm_i, &p[0], &p[1], &p[2]],
+        )
+    }
+}
+
+/// `y[t][j] += b[j]` for the first `b.len()` values of every row.
+pub fn add_bias_rows(gpu: &Gpu, y: Rows, b: &CudaSlice<f32>, tokens: usize) -> Result<()> {
+    let n = b.len();
+    let yp = y.ptr(gpu, tokens, n)?;
+    ensure!(tokens <= 65535);
+    let (ld, n_i, bp) = (y.ld as i64, i32_of(n)?, dptr(gpu, Some(b)));
+    // SAFETY: add_bias_rows(y, ld, b, n); grid (ceil(n/256), tokens), rows
+    // checked above, b holds n floats.
+    unsafe {
+        gpu.launch(
+            "add_bias_rows",
+            cfg(((n as u32).div_ceil(256), tokens as u32), 256),
+            &[&yp, &ld, &bp, &n_i],
+        )
+    }
+}
+
+/// The shared expert's part of a chunk's combine: its outputs (rows of d)
+/// and its gate logits (one per token, `Rows` of width 1).
+pub struct SharedRows<'a> {
+    pub out: &'a CudaSlice<f32>,
+    pub logit: Option<Rows<'a>>,
+}
+
+/// `x[t] += sum_i w[t,i] * ys[pair[t,i]] (+ sigmoid(logit[t]) * sh[t])`.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_combine_chunk(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    ys: &CudaSlice<f32>,
+    pair: &CudaSlice<i32>,
+    n_pairs: usize,
+    w: &CudaSlice<f32>,
+    k: usize,
+    d: usize,
+    tokens: usize,
+    shared: Option<SharedRows>,
+) -> Result<()> {
+    ensure!(x.len() >= tokens * d && ys.len() >= n_pairs * d && n_pairs == tokens * k);
+    ensure!(pair.len() >= tokens * k && w.len() >= tokens * k && tokens <= 65535);
+    let (shp, slp, sld) = match &shared {
+        Some(s) => {
+            ensure!(s.out.len() >= tokens * d);
+            let (lp, ld) = match s.logit {
+                Some(l) => (l.ptr(gpu, tokens, 1)?, l.ld as i64),
+                None => (0, 0),
+            };
+            (dptr(gpu, Some(s.out)), lp, ld)
+        }
+        None => (0, 0, 0),
+    };
+    let p = [
+        dptr(gpu, Some(x)),
+        dptr(gpu, Some(ys)),
+        dptr(gpu, Some(pair)),
+        dptr(gpu, Some(w)),
+    ];
+    let (k_i, d_i) = (k as i32, i32_of(d)?);
+    // SAFETY: moe_combine_chunk(x, ys, pair, w, k, d, sh, sh_logit, sh_ld);
+    // pair holds indices < n_pairs (built on the host by route_tiles), the
+    // rest checked above.
+    unsafe {
+        gpu.launch(
+            "moe_combine_chunk",
+            cfg(((d as u32).div_ceil(256), tokens as u32), 256),
+            &[&p[0], &p[1], &p[2], &p[3], &k_i, &d_i, &shp, &slp, &sld],
+        )
+    }
+}
