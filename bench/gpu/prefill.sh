@@ -7,17 +7,18 @@
 #                bench/gpu/prepare_llama_src.sh   (-> .llama-cuda-src)
 # Then:  run(command="bash bench/gpu/prefill.sh", carry=[".bench-bin", ".llama-cuda-src"])
 #
-# Steps (STEPS, in the order given; default all but cf2q4km):
+# Steps (STEPS, in the order given; default build selftest parity pp budget):
 #   build     llama.cpp (CUDA, sm_90) in the background; the llama steps wait
 #   selftest  every kernel against its float64 reference (rows not ok, and
 #             the prefill rows)
 #   parity    the tiny fixtures: the batched prefill against token by token
 #             and against the CPU reference (redlite parity)
-#   pp        iq2 synth file: Red Lite prompt tok/s at PP (default
-#             512,2048,8192) and pp512 at depth 32768 (depth filled by
-#             prefill), then decode tg64 at depths 0 and 32768; ROUNDS
-#             rounds alternating with llama.cpp (-ngl 99 -fa 1, its default
-#             micro-batch and -ub 2048)
+#   pp        iq2 synth file: prompt tok/s at PP (default 512,2048,8192)
+#             and decode tg64, then pp512 and tg64 at depth 32768 (the
+#             depth computed by prefill); Red Lite, then llama.cpp (-ngl 99
+#             -fa 1, micro-batch 512 = its default, and 2048), ROUNDS rounds
+#   profile   iq2 file: where a prompt's time goes (bench model --profile at
+#             PP_PROFILE, default 2048) and Red Lite's pp512/pp2048 alone
 #   budget    iq2 file under --memory 8G (Red Lite) against llama.cpp
 #             -ncmoe 35: pp512
 #   cf2q4km   cf2 and q4km synth files: pp2048, both engines
@@ -32,6 +33,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 fail=0
 
 wait_build() {
+  [[ -x $LB/llama-bench || -f $WORK/build.started ]] || { echo "(no llama.cpp build: run the build step first)"; return 1; }
   while [[ ! -x $LB/llama-bench ]]; do
     if [[ -f $WORK/build.done ]]; then echo "llama.cpp build failed:"; tail -20 "$WORK/build.log"; return 1; fi
     sleep 5
@@ -51,7 +53,7 @@ for s in ${STEPS:-build selftest parity pp budget}; do
   case $s in
     build)
       if [[ ! -x $LB/llama-bench ]]; then
-        rm -f "$WORK/build.done"
+        rm -f "$WORK/build.done"; touch "$WORK/build.started"
         ( export PATH="/usr/local/cuda/bin:$PATH"
           cmake -S .llama-cuda-src -B "$WORK/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA_ALL_QUANTS=OFF \
@@ -74,20 +76,20 @@ for s in ${STEPS:-build selftest parity pp budget}; do
     pp)
       M=$(synth_file iq2)
       for round in $(seq "${ROUNDS:-1}"); do
-        echo "== round $round: Red Lite prefill, iq2"
-        rl_pp "$M" -p "${PP:-512,2048,8192}" -n 0 -r 3
-        rl_pp "$M" -p 512 -n 0 -d 32768 -r 2
-        rl_pp "$M" -p 0 -n 64 -d 0,32768 --depth-fill skip -r 3
+        echo "== round $round: Red Lite, iq2: prompts at depth 0, decode; pp512 and tg64 at depth 32768"
+        rl_pp "$M" -p "${PP:-512,2048,8192}" -n 64 -d 0 -r "${REPS:-2}"
+        rl_pp "$M" -p 512 -n 64 -d 32768 --pp-at-depth -r "${REPS:-2}"
         if wait_build; then
-          echo "== round $round: llama.cpp, default micro-batch"
-          ll_pp "$M" -p "${PP:-512,2048,8192}" -n 0 -r 3
-          ll_pp "$M" -p 512 -n 0 -d 32768 -r 2
-          echo "== round $round: llama.cpp -ub 2048"
-          ll_pp "$M" -p "${PP:-512,2048,8192}" -n 0 -r 3 -ub 2048 -b 2048
-          ll_pp "$M" -p 512 -n 0 -d 32768 -r 2 -ub 2048 -b 2048
-          ll_pp "$M" -p 0 -n 64 -d 0,32768 -r 3
+          echo "== round $round: llama.cpp -ngl 99 -fa 1, micro-batch 512 (its default) and 2048"
+          ll_pp "$M" -p "${PP:-512,2048,8192}" -n 64 -ub 512,2048 -b 2048 -r "${REPS:-2}"
+          ll_pp "$M" -p 512 -n 64 -d 32768 -ub 512,2048 -b 2048 -r "${REPS:-2}"
         fi
       done ;;
+    profile)
+      M=$(synth_file iq2)
+      echo "== Red Lite prefill profile, iq2"
+      timeout 300 "$R" bench model -m "$M" --device cuda -p "${PP_PROFILE:-2048}" -n 0 -r 2 --profile 2>&1 | grep -v "^redlite bench: fill"
+      rl_pp "$M" -p 512,2048 -n 0 -r 3 ;;
     budget)
       M=$(synth_file iq2)
       echo "== Red Lite --memory 8G (bounded expert cache: prompts token by token so far)"
@@ -99,11 +101,10 @@ for s in ${STEPS:-build selftest parity pp budget}; do
     cf2q4km)
       for layout in cf2 q4km; do
         M=$(synth_file "$layout")
-        echo "== $layout: Red Lite pp2048"; rl_pp "$M" -p 2048 -n 0 -r 3
+        echo "== $layout: Red Lite pp2048"; rl_pp "$M" -p 2048 -n 0 -r "${REPS:-2}"
         if wait_build; then
-          echo "== $layout: llama.cpp pp2048 (default and -ub 2048)"
-          ll_pp "$M" -p 2048 -n 0 -r 3
-          ll_pp "$M" -p 2048 -n 0 -r 3 -ub 2048 -b 2048
+          echo "== $layout: llama.cpp pp2048 -ub 2048 (its best at 2048 on iq2)"
+          ll_pp "$M" -p 2048 -n 0 -r "${REPS:-2}" -ub 2048 -b 2048
         fi
         rm -f "$M"
       done ;;

@@ -10,7 +10,8 @@
 //!   depth and cloned for each run), then N single-token steps are timed,
 //!   each computing the last token's logits; tok/s = N / time.
 //!
-//! Prompt tests run at depth 0; decode tests at every `-d` depth (llama-bench
+//! Prompt tests run at depth 0 (with `--pp-at-depth` at every `-d` depth, as
+//! llama-bench runs them); decode tests at every `-d` depth (llama-bench
 //! runs both kinds at every depth: pass `-p 0` to it for decode-only depths).
 //! Each test gets an untimed warm-up (the whole prompt for pp, one token for
 //! tg, as llama-bench does) and then `-r` timed runs; the table shows the
@@ -22,7 +23,7 @@ mod steps;
 
 use redlite_engine::{Engine, Sequence};
 use redlite_gguf::{GgmlType, GgufFile};
-use redlite_model::{LoadOptions, Model};
+use redlite_model::{LoadOptions, Logits, Model};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,6 +77,10 @@ pub struct ModelBenchArgs {
     /// Worker threads (0: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    /// Prompt tests at every `-d` depth too, as llama-bench runs them
+    /// (default: prompt tests at depth 0 only).
+    #[arg(long)]
+    pub pp_at_depth: bool,
     /// Tokens per prompt batch (prompt tests and depth fills).
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
@@ -201,9 +206,20 @@ pub fn stddev(v: &[f64]) -> f64 {
 /// at each depth (duplicates and zero lengths dropped).
 pub fn plan(args: &ModelBenchArgs) -> Vec<(usize, usize, usize)> {
     let mut tests = Vec::new();
-    for &p in &args.n_prompt {
-        if p > 0 && !tests.contains(&(p, 0, 0)) {
-            tests.push((p, 0, 0));
+    let prompt_depths: Vec<usize> = if args.pp_at_depth {
+        args.n_depth
+            .iter()
+            .copied()
+            .filter(|&d| args.max_depth.is_none_or(|m| d <= m))
+            .collect()
+    } else {
+        vec![0]
+    };
+    for &d in &prompt_depths {
+        for &p in &args.n_prompt {
+            if p > 0 && !tests.contains(&(p, 0, d)) {
+                tests.push((p, 0, d));
+            }
         }
     }
     for &d in &args.n_depth {
@@ -360,7 +376,7 @@ pub fn run(mut args: ModelBenchArgs) -> Result<()> {
     );
     let ctx = tests
         .iter()
-        .map(|&(p, n, d)| p.max(d + n + 1))
+        .map(|&(p, n, d)| (d + p).max(d + n + 1))
         .max()
         .unwrap_or(1);
     crate::limits::warn_context(ctx, model.arch().context_length());
@@ -432,7 +448,46 @@ pub fn run(mut args: ModelBenchArgs) -> Result<()> {
             n_depth: d,
             secs: Vec::with_capacity(reps),
         };
-        if p > 0 {
+        if p > 0 && d > 0 {
+            // A prompt at depth d: the depth filled once (and
+            // checkpointed), each run restored to it, then timed.
+            drop(filled.take());
+            fill(
+                &mut *seq,
+                model.ubatch(),
+                n_vocab,
+                d,
+                args.depth_fill,
+                &mut rng,
+            )?;
+            let cp = match args.depth_fill {
+                DepthFill::Compute => Some(seq.checkpoint()?),
+                DepthFill::Skip => None,
+            };
+            for i in 0..reps + usize::from(!args.no_warmup) {
+                match &cp {
+                    Some(cp) => seq.restore(cp)?,
+                    None => {
+                        seq.reset()?;
+                        seq.skip_to(d)?;
+                    }
+                }
+                let ids = rng.tokens(p, n_vocab);
+                let t0 = std::time::Instant::now();
+                std::hint::black_box(seq.prefill(&ids, Logits::Last)?);
+                let s = t0.elapsed().as_secs_f64();
+                if i == 0 && !args.no_warmup {
+                    continue;
+                }
+                eprintln!(
+                    "redlite bench: {} run {}/{reps}: {:.2} tok/s",
+                    r.name(),
+                    r.secs.len() + 1,
+                    p as f64 / s
+                );
+                r.secs.push(s);
+            }
+        } else if p > 0 {
             filled = None;
             if !args.no_warmup {
                 prompt(&mut *seq, n_vocab, p, &mut rng)?;
@@ -637,6 +692,8 @@ mod tests {
         );
         let a = parse("-m f -p 0 -n 4 -d 0,4096 --max-depth 0");
         assert_eq!(plan(&a), vec![(0, 4, 0)]);
+        let a = parse("-m f -p 512 -n 0 -d 0,4096 --pp-at-depth");
+        assert_eq!(plan(&a), vec![(512, 0, 0), (512, 0, 4096)]);
         let a = parse("-m f -p 512 -n 0 -o json");
         assert_eq!(plan(&a), vec![(512, 0, 0)]);
         assert_eq!(a.output, "json");

@@ -444,6 +444,7 @@ impl CudaDecoder {
                         gemm_in(gpu, o, n, qd)?,
                         gemm_out(gpu, mixr, n, d)?,
                     )?;
+                    lap!("attention: output GEMM", 1);
                 }
                 Op::Gdn(g) => {
                     let po = run_proj(gpu, &g.inp, hr, n, proj)?;
@@ -484,6 +485,7 @@ impl CudaDecoder {
                         gemm_in(gpu, o, n, vd)?,
                         gemm_out(gpu, mixr, n, d)?,
                     )?;
+                    lap!("DeltaNet: output GEMM", 1);
                 }
                 Op::Moe(m) => {
                     if let Some((w, eps)) = &m.in_norm {
