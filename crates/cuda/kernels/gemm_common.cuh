@@ -60,10 +60,6 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     return r;
 }
 
-__device__ __forceinline__ void l1_prefetch_line(const void* p) {
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 // D = A*B + D, m16n8k16, A row-major f16 (4 words), B column-major f16 (2
 // words), f32 accumulators (4).
 __device__ __forceinline__ void mma_16816(float* d, const u32* a, const u32* b) {
@@ -149,26 +145,6 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a) {
             }
         }
         __syncthreads();
-        // The next step's weight blocks into L1 and activation rows into L2
-        // while this step's MMAs run: the loads at the top of the next
-        // iteration then wait for the cache, not for DRAM.
-        if (k0 + GEMM_BK < K) {
-#pragma unroll
-            for (int jb = 0; jb < 2; jb++) {
-                const int job = tid + jb * GEMM_THREADS;
-                const int row = r0 + (job >> 2);
-                const int ch = (k0 + GEMM_BK) / 32 + (job & 3);
-                if (row < a.rows && ch < nchunks) {
-                    const u64 bi = (u64)row * a.nb + ch / T::LPB;
-                    const u8* blk = base + bi * T::PAYLOAD;
-                    l1_prefetch_line(blk);
-                    if (T::PAYLOAD > 64) l1_prefetch_line(blk + T::PAYLOAD - 1);
-                    if (side_words<T>::v) l1_prefetch_line(dd + bi * side_words<T>::v);
-                }
-            }
-            if (xrow && k0 + GEMM_BK + bk < K) l2_prefetch_line(xrow + k0 + GEMM_BK + bk);
-            if (xrow && k0 + GEMM_BK + bk + 32 < K) l2_prefetch_line(xrow + k0 + GEMM_BK + bk + 32);
-        }
 #pragma unroll
         for (int kk = 0; kk < GEMM_BK; kk += 16) {
             u32 af[2][4], bf[4][2];
