@@ -19,6 +19,8 @@
 #             -fa 1, micro-batch 512 = its default, and 2048), ROUNDS rounds
 #   profile   iq2 file: where a prompt's time goes (bench model --profile at
 #             PP_PROFILE, default 2048) and Red Lite's pp512/pp2048 alone
+#   attn      iq2 file: Red Lite alone, prompt tok/s at PP and pp512 at
+#             depth 32768
 #   budget    iq2 file under --memory 8G (Red Lite) against llama.cpp
 #             -ncmoe 35: pp512
 #   cf2q4km   cf2 and q4km synth files: pp2048, both engines
@@ -90,6 +92,11 @@ for s in ${STEPS:-build selftest parity pp budget}; do
       echo "== Red Lite prefill profile, iq2"
       timeout 300 "$R" bench model -m "$M" --device cuda -p "${PP_PROFILE:-2048}" -n 0 -r 2 --profile 2>&1 | grep -v "^redlite bench: fill"
       rl_pp "$M" -p 512,2048 -n 0 -r 3 ;;
+    attn)
+      M=$(synth_file iq2)
+      echo "== Red Lite, iq2"
+      rl_pp "$M" -p "${PP:-512,2048,8192}" -n 0 -r "${REPS:-2}"
+      rl_pp "$M" -p 512 -n 0 -d 32768 --pp-at-depth -r "${REPS:-2}" ;;
     budget)
       M=$(synth_file iq2)
       echo "== Red Lite --memory 8G (bounded expert cache: prompts token by token so far)"

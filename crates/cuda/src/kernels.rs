@@ -177,6 +177,12 @@ pub const FILES: &[KernelFile] = &[
             "attn_chunk_kvf16_d64",
             "attn_chunk_kvf16_d128",
             "attn_chunk_kvf16_d256",
+            "attn_flash_d64",
+            "attn_flash_d128",
+            "attn_flash_d256",
+            "attn_flash_kvf16_d64",
+            "attn_flash_kvf16_d128",
+            "attn_flash_kvf16_d256",
         ],
     },
     KernelFile {

@@ -110,8 +110,19 @@ pub fn attn_prep_chunk(
     }
 }
 
+/// Query rows (token, head) a flash-attention block takes.
+pub const FLASH_ROWS: usize = 64;
+
+/// Dynamic shared memory of `attn_flash_*_d{hd}` (Q tile, K tile, V
+/// transposed, f16).
+pub fn flash_smem_bytes(hd: usize) -> usize {
+    2 * ((FLASH_ROWS + 32) * (hd + 8) + hd * (32 + 8))
+}
+
 /// Causal attention of `tokens` queries (positions `pos0..`) over the
 /// cache; `gate`: the q_full rows (gated layers), out *= sigmoid(gate).
+/// `flash`: on tensor cores (`attn_flash_*`, 64 query rows a block), else
+/// a warp per (token, head) (`attn_chunk_*`).
 #[allow(clippy::too_many_arguments)]
 pub fn attn_chunk(
     gpu: &Gpu,
@@ -123,6 +134,7 @@ pub fn attn_chunk(
     pos0: usize,
     tokens: usize,
     scale: f32,
+    flash: bool,
 ) -> Result<()> {
     a.check()?;
     let (nh, nkv, hd) = (a.n_head, a.n_kv, a.hd);
@@ -144,10 +156,39 @@ pub fn attn_chunk(
     };
     let (kcp, vcp) = kv.ptrs(gpu);
     let rows = tokens * (nh / nkv);
+    let (nh_i, nkv_i, p0, t_i) = (nh as i32, nkv as i32, i32_of(pos0)?, i32_of(tokens)?);
+    if flash {
+        let name = kv.ty().kernel("attn_flash", &format!("_d{hd}"));
+        let smem = flash_smem_bytes(hd);
+        gpu.func(&name)?.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )?;
+        let blocks = rows.div_ceil(FLASH_ROWS);
+        ensure!(blocks <= i32::MAX as usize && nkv <= 65535);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (blocks as u32, nkv as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        // SAFETY: attn_flash[_kvf16]_d{hd}(q, k_cache, v_cache, gate,
+        // gate_ld, out, n_head, n_kv, pos0, tokens, scale); grid
+        // (ceil(tokens*G/64), n_kv), 128 threads, the dynamic shared memory
+        // the kernel lays out (flash_smem_bytes, allowed by the attribute
+        // set above); rows and cache positions checked above.
+        return unsafe {
+            gpu.launch(
+                &name,
+                cfg,
+                &[
+                    &qp, &kcp, &vcp, &gp, &gld, &op, &nh_i, &nkv_i, &p0, &t_i, &scale,
+                ],
+            )
+        };
+    }
     let blocks = rows.div_ceil(8);
     ensure!(blocks <= i32::MAX as usize && nkv <= 65535);
     let name = kv.ty().kernel("attn_chunk", &format!("_d{hd}"));
-    let (nh_i, nkv_i, p0, t_i) = (nh as i32, nkv as i32, i32_of(pos0)?, i32_of(tokens)?);
     // SAFETY: attn_chunk[_kvf16]_d{hd}(q, k_cache, v_cache, gate, gate_ld,
     // out, n_head, n_kv, pos0, tokens, scale); grid (ceil(tokens*G/8),
     // n_kv), 8 warps a block (ACH_WARPS); rows and cache positions checked
@@ -269,7 +310,10 @@ pub fn gdn_chunk(
     unsafe {
         gpu.launch(
             "gdn_qk_chunk",
-            cfg((s.n_k as u32, tokens as u32), (s.dk as u32).div_ceil(32) * 32),
+            cfg(
+                (s.n_k as u32, tokens as u32),
+                (s.dk as u32).div_ceil(32) * 32,
+            ),
             &[&convp, &cd_l, &nk_i, &dk_i, &l2_eps],
         )
     }?;

@@ -21,8 +21,8 @@ mod router;
 pub use attention::{attention, default_nsplit, f16_round, AttnDims, AttnScratch, KvCache, KvType};
 pub use attn_prep::attn_prep;
 pub use chunk::{
-    add_bias_rows, attn_chunk, attn_prep_chunk, gdn_chunk, gdn_chunk_split, moe_combine_chunk,
-    router_topk_chunk, GdnChunkScratch, Rows, SharedRows,
+    add_bias_rows, attn_chunk, attn_prep_chunk, flash_smem_bytes, gdn_chunk, gdn_chunk_split,
+    moe_combine_chunk, router_topk_chunk, GdnChunkScratch, Rows, SharedRows, FLASH_ROWS,
 };
 pub use deltanet::{gdn_step, GdnDims, GdnWeights, GDN_THREADS};
 pub use elementwise::{add_inplace, moe_combine, swiglu, NextNorm};

@@ -177,14 +177,25 @@ fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
     ];
     let base = 1e6f32 as f64;
     let mut rows = Vec::new();
-    for ty in [KvType::F32, KvType::F16] {
+    for (ty, flash) in [
+        (KvType::F32, false),
+        (KvType::F16, false),
+        (KvType::F32, true),
+        (KvType::F16, true),
+    ] {
         let mut w = Worst::new(format!(
-            "{} + {} (prefill chunk: prep, causal attention over cache + chunk)",
+            "{} + {} (prefill chunk: prep, causal attention over cache + chunk{})",
             ty.kernel("attn_prep_chunk", ""),
-            ty.kernel("attn_chunk", "_d*")
+            ty.kernel(if flash { "attn_flash" } else { "attn_chunk" }, "_d*"),
+            if flash {
+                "; tensor cores, f16 Q/K/V/P"
+            } else {
+                ""
+            }
         ));
-        if ty == KvType::F16 {
-            // The stored K rows against the unrounded reference.
+        if ty == KvType::F16 || flash {
+            // The stored K rows against the unrounded reference; the flash
+            // kernel's f16 Q and P.
             w.tol = F16_GEMM_TOL;
         }
         for a in shapes {
@@ -192,7 +203,7 @@ fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
             let inv: Vec<f64> = (0..a.n_rot / 2)
                 .map(|i| base.powf(-(2.0 * i as f64) / a.n_rot as f64))
                 .collect();
-            for (p0, n) in [(0usize, 1usize), (0, 45), (300, 33)] {
+            for (p0, n) in [(0usize, 1usize), (0, 45), (300, 33), (70, 130)] {
                 let ctx = p0 + n;
                 // The cache before the chunk: random rows (as stored).
                 let mut kc = rounded_if(ty, &random_vec(ctx * nkv * hd, rng));
@@ -235,6 +246,7 @@ fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
                     p0,
                     n,
                     scale,
+                    flash,
                 )?;
                 let o = down(gpu, &od)?;
                 let (kd, vd) = kv.download(gpu)?;
