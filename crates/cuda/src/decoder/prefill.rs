@@ -577,7 +577,7 @@ impl CudaDecoder {
                         Some(s) => {
                             run_ffn(gpu, s, hr, n, &ffn_bufs)?;
                             Some(SharedRows {
-                                out: &*ffn_bufs.out,
+                                out: ffn_bufs.out,
                                 logit: m.has_shared_gate.then(|| po.part(&m.router, proj, 1)),
                             })
                         }
@@ -597,7 +597,7 @@ impl CudaDecoder {
                 }
                 Op::Dense(f) => {
                     run_ffn(gpu, f, hr, n, &ffn_bufs)?;
-                    ops::add_inplace(gpu, cx, &*ffn_bufs.out, n * d)?;
+                    ops::add_inplace(gpu, cx, ffn_bufs.out, n * d)?;
                     lap!("dense FFN (GEMMs)", 5);
                 }
                 Op::Head { .. } => head = Some(i),

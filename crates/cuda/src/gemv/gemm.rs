@@ -99,7 +99,7 @@ fn launch(
         out.ldy
     );
     ensure!(
-        input.x % 16 == 0 && input.ldx.is_multiple_of(4),
+        input.x.is_multiple_of(16) && input.ldx.is_multiple_of(4),
         "gemm: activation rows must be 16-byte aligned"
     );
     ensure!(rows >= 1 && rows <= i32::MAX as usize && nb <= i32::MAX as usize);

@@ -225,7 +225,7 @@ pub fn gdn_chunk_split(s: &GdnDims) -> Option<(usize, &'static str)> {
     };
     // Each thread stages at most GDN_MAXE (4) of a token's 2dk + W + 1
     // values (k, q, v, gates).
-    (2 * s.dk + w + 1 <= 4 * 16 * w).then_some((w, name))
+    (2 * s.dk + w < 4 * 16 * w).then_some((w, name))
 }
 
 /// Scratch of a DeltaNet chunk: the conv outputs and the unnormalised
