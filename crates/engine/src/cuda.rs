@@ -99,8 +99,17 @@ impl CudaBackend {
         )
         .map_err(err)?;
         let d = seq.decoder();
+        let prefill = if d.batched_prefill() {
+            format!(
+                ", prompts in chunks of {} tokens ({:.0} MiB of prefill scratch)",
+                d.prefill_chunk(),
+                d.prefill_scratch_bytes() as f64 / (1u64 << 20) as f64
+            )
+        } else {
+            ", prompts token by token".to_string()
+        };
         self.described = format!(
-            "cuda: {}, {:.1} GiB on the device, {} activations, {} KV, {} launches, {} kernels per token in one graph",
+            "cuda: {}, {:.1} GiB on the device, {} activations, {} KV, {} launches, {} kernels per token in one graph{prefill}",
             d.gpu().name,
             d.device_bytes as f64 / (1u64 << 30) as f64,
             if self.int8 { "int8" } else { "f32" },

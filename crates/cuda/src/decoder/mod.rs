@@ -247,6 +247,7 @@ impl CudaDecoder {
             chunk: None,
         };
         dec.capture()?;
+        dec.alloc_prefill_scratch()?;
         Ok(dec)
     }
 

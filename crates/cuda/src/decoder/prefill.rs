@@ -262,6 +262,19 @@ impl CudaDecoder {
             })
     }
 
+    /// The chunk scratch for `DecoderOptions::prefill_chunk` tokens, at
+    /// build time, so a device that cannot hold it fails before the first
+    /// prompt rather than in it.
+    pub(super) fn alloc_prefill_scratch(&mut self) -> Result<()> {
+        if self.batched_prefill() {
+            let d = self.row.len();
+            let cb = ChunkBufs::new(&self.gpu, &self.ops, d, self.prefill_chunk)
+                .context("allocating the prefill scratch (--ubatch)")?;
+            self.chunk = Some(cb);
+        }
+        Ok(())
+    }
+
     /// Prompt tokens per chunk (0: token by token).
     pub fn prefill_chunk(&self) -> usize {
         self.prefill_chunk
@@ -273,7 +286,7 @@ impl CudaDecoder {
     }
 
     /// Run `tokens` from the current position in chunks of
-    /// [`DecoderOptions::prefill_chunk`] tokens; returns the last token's
+    /// `DecoderOptions::prefill_chunk` tokens; returns the last token's
     /// logits, or with `all` every token's (row after row).
     pub fn prefill(&mut self, model: &Model, tokens: &[u32], all: bool) -> Result<Vec<f32>> {
         ensure!(!tokens.is_empty(), "prefill of no tokens");
