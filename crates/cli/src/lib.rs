@@ -8,6 +8,7 @@ pub mod limits;
 pub mod memory;
 pub mod modelbench;
 pub mod out;
+pub mod perplexity;
 pub mod quantbench;
 pub mod residency;
 pub mod state;
