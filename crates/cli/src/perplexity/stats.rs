@@ -269,8 +269,10 @@ mod tests {
             k.add(&logits, &row, t);
         }
         assert_eq!(k.n_same_top, 3);
-        // 16 bits over a 10-nat range: log-probabilities within 1e-4.
-        assert!(k.sum_kld.abs() / 3.0 < 1e-6, "{}", k.sum_kld);
+        // 16 bits over this row's 10-nat range: a step of 1.5e-4 nats, so
+        // each stored log-probability is within 7.6e-5 of the true one and
+        // the self-KL (first order in those errors) within that too.
+        assert!(k.sum_kld.abs() / 3.0 < 7.6e-5, "{}", k.sum_kld);
         assert!((k.sum_nll - k.sum_nll_base).abs() < 3e-4);
     }
 
