@@ -326,10 +326,17 @@ fn parse_header(b: &[u8]) -> Option<Header> {
     })
 }
 
-/// Read and check the state file at `path` against `expect`. Every size is
-/// checked against the model and the file's length before it is read, and
-/// nothing is returned unless the whole file's checksum matches.
-pub fn read(path: &Path, expect: &Expect) -> Result<StateFile<'static>, StateError> {
+/// A file opened and its header checked, the reader at the tokens.
+struct Opened<'p> {
+    r: CrcReader<'p, BufReader<File>>,
+    h: Header,
+    kv_elem: KvElem,
+    pos: usize,
+}
+
+/// Open `path` and check everything the header says against `expect`
+/// and the file's length.
+fn open_checked<'p>(path: &'p Path, expect: &Expect) -> Result<Opened<'p>, StateError> {
     let p = path.to_path_buf();
     let f = File::open(path).map_err(|e| StateError::Io {
         path: p.clone(),
@@ -474,6 +481,38 @@ pub fn read(path: &Path, expect: &Expect) -> Result<StateFile<'static>, StateErr
             "the file is {file_len} bytes, its header describes {expected_len} (trailing bytes)"
         )));
     }
+    Ok(Opened { r, h, kv_elem, pos })
+}
+
+/// The tokens a state file covers, with its header checked against
+/// `expect` (the layer data and the whole-file checksum are not read: a
+/// prompt cache indexes its files with this, then [`read`]s the one it
+/// uses).
+pub fn read_tokens(path: &Path, expect: &Expect) -> Result<Vec<u32>, StateError> {
+    let Opened { mut r, pos, .. } = open_checked(path, expect)?;
+    let mut tb = vec![0u8; pos * 4];
+    r.fill(&mut tb, "the tokens")?;
+    Ok(tb
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// Read and check the state file at `path` against `expect`. Every size is
+/// checked against the model and the file's length before it is read, and
+/// nothing is returned unless the whole file's checksum matches.
+pub fn read(path: &Path, expect: &Expect) -> Result<StateFile<'static>, StateError> {
+    let p = path.to_path_buf();
+    let invalid = |what: String| StateError::Invalid {
+        path: path.to_path_buf(),
+        what,
+    };
+    let Opened {
+        mut r,
+        h,
+        kv_elem,
+        pos,
+    } = open_checked(path, expect)?;
     let mut tb = vec![0u8; pos * 4];
     r.fill(&mut tb, "the tokens")?;
     let tokens: Vec<u32> = tb

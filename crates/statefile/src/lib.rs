@@ -16,7 +16,7 @@
 mod format;
 mod id;
 
-pub use format::{read, write, Expect, SaveStats};
+pub use format::{read, read_tokens, write, Expect, SaveStats};
 pub use id::{fnv1a64, ModelId};
 
 use redlite_model::StateImage;
