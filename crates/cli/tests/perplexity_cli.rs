@@ -170,3 +170,81 @@ fn a_text_shorter_than_two_chunks_is_refused_with_the_numbers() {
         "{e}"
     );
 }
+
+fn demo_model() -> Option<PathBuf> {
+    let p = match std::env::var_os("REDLITE_DEMO_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/redlite/demo-model.gguf"),
+    };
+    if p.is_file() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI is set but the demo model is missing at {} (scripts/fetch-demo-model.sh)",
+        p.display()
+    );
+    eprintln!("SKIPPED: no demo model at {}", p.display());
+    None
+}
+
+/// llama.cpp's value for the demo model on the GPL-3 text, 4 chunks of
+/// 128 tokens, made with llama-perplexity of llama.cpp 0c1e570 (the
+/// llama-cpp-python 0.3.36 sdist), CPU build without AMX, its default
+/// f16 KV cache:
+///
+/// ```text
+/// llama-perplexity -m demo-model.gguf -f /usr/share/common-licenses/GPL-3 \
+///     -c 128 -b 128 --chunks 4 -t 2 --no-repack
+/// [1]3.4734,[2]4.9054,[3]5.8302,[4]6.3622,
+/// Final estimate: PPL = 6.3622 +/- 0.83840
+/// ```
+const LLAMA_GPL3_C128_4: f64 = 6.3622;
+/// On so short a text (252 scored tokens) the value moves with float
+/// details: llama.cpp itself gives 4.8792 with an f32 KV cache against
+/// 4.9054 with f16 on the first two chunks (0.54%), and Red Lite's fast
+/// path (int8 activations, f32 KV) was 0.82% below it when this was
+/// written. The 0.5% agreement is checked on the whole texts by
+/// scripts/perplexity-vs-llama.sh; this test bounds the short run at 1.5%.
+const SHORT_BOUND: f64 = 0.015;
+
+#[test]
+fn perplexity_matches_llama_cpp_on_a_short_text() {
+    let Some(m) = demo_model() else { return };
+    let text = Path::new("/usr/share/common-licenses/GPL-3");
+    if !text.is_file() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but {} is missing",
+            text.display()
+        );
+        eprintln!("SKIPPED: no {}", text.display());
+        return;
+    }
+    let out = ok(redlite(&[
+        "-m",
+        path_str(&m),
+        "-f",
+        path_str(text),
+        "-c",
+        "128",
+        "-b",
+        "128",
+        "--chunks",
+        "4",
+    ]));
+    assert!(out.starts_with("[1]") && out.contains(",[4]"), "{out}");
+    let (ppl, err) = final_ppl(&out);
+    let rel = (ppl - LLAMA_GPL3_C128_4).abs() / LLAMA_GPL3_C128_4;
+    eprintln!(
+        "redlite {ppl} +/- {err}, llama.cpp {LLAMA_GPL3_C128_4}: {:.3}%",
+        100.0 * rel
+    );
+    assert!(
+        rel < SHORT_BOUND,
+        "redlite {ppl} against llama.cpp {LLAMA_GPL3_C128_4}"
+    );
+    // The error formula: llama.cpp's 0.83840 on nearly the same values.
+    assert!((err - 0.8384).abs() / 0.8384 < 0.05, "error {err}");
+}
