@@ -186,6 +186,8 @@ struct Engine {
     clock: u64,
     /// The persisted checkpoints (`--state-dir`).
     disk: Option<crate::statedir::StateDir>,
+    /// The end-of-turn checkpoint to write once the answer is sent.
+    to_persist: Option<Vec<u32>>,
 }
 
 impl Engine {
@@ -204,6 +206,7 @@ impl Engine {
             checkpoints: Vec::new(),
             clock: 0,
             disk: None,
+            to_persist: None,
         }
     }
 
@@ -370,6 +373,11 @@ impl Engine {
                         .observe_n(done.decode_secs / steps as f64, steps as u64);
                 }
                 let _ = events.send(Event::Done(done));
+                // Written after the answer is complete, so the write delays
+                // the next queued request, not this one.
+                if let Some(tokens) = self.to_persist.take() {
+                    self.persist(&tokens);
+                }
             }
             Ok(None) => {
                 self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -489,11 +497,13 @@ impl Engine {
         let fed = self.seq.pos();
         if fed > prompt.len() {
             let tokens = history[..fed].to_vec();
-            self.save_checkpoint(tokens.clone(), logits)?;
-            self.persist(&tokens);
-        } else {
+            if self.disk.is_some() {
+                self.to_persist = Some(tokens.clone());
+            }
+            self.save_checkpoint(tokens, logits)?;
+        } else if self.disk.is_some() {
             // Nothing generated was fed back: the prompt's state ends the turn.
-            self.persist(prompt);
+            self.to_persist = Some(prompt.clone());
         }
         Ok(Some(Done {
             finish,

@@ -105,6 +105,19 @@ fn metric(server: &RunningServer, name: &str) -> f64 {
         .unwrap()
 }
 
+/// The state files once `n` are there: the engine thread writes a turn's
+/// state after sending the answer, so it may still be writing.
+fn wait_for(dir: &Path, n: usize) -> Vec<(PathBuf, u64)> {
+    for _ in 0..600 {
+        let f = state_files(dir);
+        if f.len() == n {
+            return f;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    state_files(dir)
+}
+
 fn state_files(dir: &Path) -> Vec<(PathBuf, u64)> {
     std::fs::read_dir(dir)
         .unwrap()
@@ -137,7 +150,7 @@ fn a_conversation_survives_a_restart_and_answers_as_without_one() {
     let (t1_a, _, _) = chat(&a, &turn_one());
     assert_eq!(t1_a, t1);
     drop(a);
-    let files = state_files(&dir);
+    let files = wait_for(&dir, 1);
     assert_eq!(files.len(), 1, "{files:?}");
 
     // A new server on the same directory: the second turn restores the
@@ -153,11 +166,14 @@ fn a_conversation_survives_a_restart_and_answers_as_without_one() {
     );
     assert_eq!(got, want, "the answer after the restart differs");
     drop(b);
+    let both = wait_for(&dir, 2);
+    assert_eq!(both.len(), 2, "{both:?}");
+    let largest = both.iter().map(|f| f.1).max().unwrap();
 
-    // The size limit: room for one file of about this size (each file
+    // The size limit: room for one file of about these sizes (each file
     // holds ~600 KB of logits and 24 KB a position), not two: only the
     // newest stays.
-    let c = start(&model, Some(&dir), files[0].1 + 200_000);
+    let c = start(&model, Some(&dir), largest + 300_000);
     let (_, _, cached) = chat(
         &c,
         &serde_json::json!([{"role": "user", "content": "Say hi."}]),
