@@ -58,11 +58,7 @@ fn stat(out: &str, name: &str) -> f64 {
         .find(|l| l.starts_with(name))
         .unwrap_or_else(|| panic!("no {name} in {out:?}"));
     let v = line.split(':').nth(1).unwrap().trim();
-    v.split(|c: char| c == ' ' || c == '%')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
+    v.split([' ', '%']).next().unwrap().parse().unwrap()
 }
 
 fn path_str(p: &Path) -> &str {
