@@ -99,6 +99,17 @@ pub struct GenerateArgs {
     /// Write every named intermediate of the prompt pass (layer, stage) as JSON lines to this file.
     #[arg(long)]
     pub dump_trace: Option<PathBuf>,
+    /// Save the sequence's state when done (tokens, KV rows, DeltaNet
+    /// states, the sampler's RNG, the last logits) to this file, written
+    /// atomically; `--load-state` continues from it.
+    #[arg(long)]
+    pub save_state: Option<PathBuf>,
+    /// Continue from a state file of --save-state (same model, same KV
+    /// type). A prompt given with it must begin with the file's tokens; the
+    /// rest is prefilled. Without --seed the sampler continues the file's
+    /// RNG stream.
+    #[arg(long)]
+    pub load_state: Option<PathBuf>,
     /// Skip touching every weight page before the first token.
     #[arg(long)]
     pub no_warmup: bool,
@@ -134,6 +145,12 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         Some(p) => Some(Output::create(p, &inputs).context("--dump-logits")?),
         None => None,
     };
+    if let Some(p) = &args.save_state {
+        redlite_outfile::check_target(p, &inputs).context("--save-state")?;
+    }
+    if let Some(p) = &args.load_state {
+        limits::input_file(p, "--load-state")?;
+    }
     let mut trace_out = match &args.dump_trace {
         Some(p) => Some(Output::create(p, &inputs).context("--dump-trace")?),
         None => None,
@@ -146,7 +163,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     )?);
     // The template is checked before the weights load: one that does not
     // parse is an error when --chat asks for it, a warning otherwise.
-    let template = if args.raw || args.prompt_ids.is_some() {
+    let template = if args.raw || args.prompt_ids.is_some() || args.prompt.is_none() {
         None
     } else {
         chat_template(&file, path, args.chat)?
@@ -191,6 +208,9 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     let tokenizer = Tokenizer::from_gguf(file.metadata());
     let prompt: Vec<u32> = if let Some(ids) = &args.prompt_ids {
         ids.clone()
+    } else if args.prompt.is_none() && args.load_state.is_some() {
+        // Continue the saved sequence as it is.
+        Vec::new()
     } else {
         let text = args
             .prompt
@@ -219,7 +239,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         // encode adds BOS itself when the file asks for it.
         tok.encode(&text, true)
     };
-    if prompt.is_empty() {
+    if prompt.is_empty() && args.load_state.is_none() {
         bail!("the prompt is empty");
     }
     if prompt.len() + args.n_predict > ctx {
@@ -261,22 +281,53 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     } else {
         Logits::Last
     };
+    // A loaded state covers a prefix of the prompt (or, with no prompt,
+    // is the whole of it); only the rest is prefilled.
+    let mut history = Vec::new();
+    let mut logits = Vec::new();
+    if let Some(p) = &args.load_state {
+        let loaded = crate::state::load(p, &model, session.as_mut())?;
+        if !prompt.is_empty() {
+            check_prefix(p, &loaded.tokens, &prompt)?;
+        }
+        if let (Some(r), None) = (loaded.rng, args.seed) {
+            sampler.set_rng_state(r);
+        }
+        history = loaded.tokens;
+        logits = loaded.logits;
+    }
+    let rest = prompt.get(history.len()..).unwrap_or(&[]).to_vec();
+    if history.len() + rest.len() + args.n_predict > ctx {
+        bail!(
+            "the loaded state ({} tokens) plus the prompt's {} new tokens plus -n {} exceeds the context of {ctx} tokens: raise --ctx-size",
+            history.len(),
+            rest.len(),
+            args.n_predict
+        );
+    }
     let t0 = Instant::now();
-    let mut logits = session.prefill(&prompt, want)?;
+    if !rest.is_empty() {
+        logits = session.prefill(&rest, want)?;
+        if let Some(w) = logit_dump.as_mut() {
+            write_f32(w, &logits)?;
+        }
+        if want == Logits::All {
+            logits.drain(..logits.len() - n_vocab);
+        }
+        history.extend_from_slice(&rest);
+    }
+    if logits.is_empty() {
+        bail!("nothing to continue from: the prompt is empty and the state has no tokens");
+    }
     let prompt_secs = t0.elapsed().as_secs_f64();
-    if let Some(w) = logit_dump.as_mut() {
-        write_f32(w, &logits)?;
-    }
-    if want == Logits::All {
-        logits.drain(..logits.len() - n_vocab);
-    }
     if let Some(mut w) = trace_out.take() {
         write_trace(&mut w, &session.take_trace())?;
         w.commit()?;
     }
 
-    let mut history = prompt.clone();
     let mut generated = Vec::new();
+    // The last sampled token when the loop stops before running it.
+    let mut undecoded = None;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut decoder = tokenizer.as_ref().ok().map(|t| t.stream_decoder());
@@ -297,6 +348,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
             }
         }
         if i + 1 == args.n_predict {
+            undecoded = Some(next);
             break;
         }
         logits = session.decode(next)?;
@@ -317,6 +369,15 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     if let Some(w) = logit_dump {
         w.commit()?;
     }
+    if let Some(p) = &args.save_state {
+        // The state covers every token of the history: the last sampled
+        // one is run first, so a load continues by sampling.
+        if let Some(t) = undecoded {
+            logits = session.decode(t)?;
+        }
+        let rng = Some(sampler.rng_state());
+        crate::state::save(p, &inputs, &model, session.as_mut(), &history, rng, &logits)?;
+    }
     // Decode speed counts the forward passes after the first sampled token.
     let decode_steps = generated.len().saturating_sub(1).max(1);
     if let Some(c) = model.expert_cache() {
@@ -329,13 +390,34 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     }
     eprintln!(
         "redlite: prompt {} tokens in {:.2} s ({:.1} tok/s) | decode {} tokens in {:.2} s ({:.1} tok/s)",
-        prompt.len(),
+        rest.len(),
         prompt_secs,
-        prompt.len() as f64 / prompt_secs.max(1e-9),
+        rest.len() as f64 / prompt_secs.max(1e-9),
         generated.len(),
         decode_secs,
         decode_steps as f64 / decode_secs.max(1e-9),
     );
+    Ok(())
+}
+
+/// A prompt given with --load-state must begin with the state's tokens.
+fn check_prefix(path: &Path, saved: &[u32], prompt: &[u32]) -> Result<()> {
+    if let Some(i) = saved.iter().zip(prompt).position(|(a, b)| a != b) {
+        bail!(
+            "--load-state {}: the prompt differs from the state's tokens at token {i} ({} there, {} in the state): a state continues only the tokens it holds",
+            path.display(),
+            prompt[i],
+            saved[i]
+        );
+    }
+    if prompt.len() < saved.len() {
+        bail!(
+            "--load-state {}: the prompt ({} tokens) is shorter than the state ({} tokens): give the whole text, or no prompt to continue the state as it is",
+            path.display(),
+            prompt.len(),
+            saved.len()
+        );
+    }
     Ok(())
 }
 

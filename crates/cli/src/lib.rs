@@ -8,8 +8,10 @@ pub mod limits;
 pub mod memory;
 pub mod modelbench;
 pub mod out;
+pub mod perplexity;
 pub mod quantbench;
 pub mod residency;
+pub mod state;
 
 /// The GPU tuning switches (`REDLITE_CUDA_*`, docs/cuda.md) in the
 /// environment, as (name, value) pairs: the one place they are read. The

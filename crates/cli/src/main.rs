@@ -32,6 +32,8 @@ enum Command {
     },
     /// Generate text (or token ids) from a prompt, streamed to stdout; logs and speed go to stderr.
     Generate(generate::GenerateArgs),
+    /// Perplexity of a text as llama-perplexity computes it (chunks of -c tokens, the second half of each scored), or the KL divergence from a base run's logits.
+    Perplexity(redlite_cli::perplexity::PerplexityArgs),
     /// Serve the OpenAI API (chat, completions, streaming, tools) over HTTP.
     Serve(redlite_server::ServeArgs),
     /// Print the token ids of a text as a JSON array.
@@ -151,6 +153,7 @@ fn run(mut cli: Cli) -> Result<()> {
     match &mut cli.command {
         Command::Generate(a) => a.dev.tuning = redlite_cli::tuning_vars(),
         Command::Serve(a) => a.dev.tuning = redlite_cli::tuning_vars(),
+        Command::Perplexity(a) => a.dev.tuning = redlite_cli::tuning_vars(),
         Command::Bench {
             what: BenchCommand::Model(a),
         } => a.dev.tuning = redlite_cli::tuning_vars(),
@@ -179,6 +182,7 @@ fn run(mut cli: Cli) -> Result<()> {
             }
         }
         Command::Generate(args) => generate::run(args)?,
+        Command::Perplexity(args) => redlite_cli::perplexity::run(args)?,
         Command::Serve(mut args) => {
             limits::input_file(&args.model, "--model")?;
             args.threads = limits::cap_threads(args.threads, "--threads");

@@ -16,6 +16,7 @@ pub mod blocks;
 pub mod check;
 pub mod error;
 pub mod exec;
+pub mod image;
 pub mod model;
 pub mod sample;
 pub mod sequence;
@@ -26,6 +27,7 @@ pub mod weights;
 
 pub use check::check_model_bytes;
 pub use error::ModelError;
+pub use image::{KvData, KvElem, LayerImage, LayerShape, StateImage, StateLayout};
 pub use model::{ExpertCacheOptions, LoadOptions, MemoryRequest, Model};
 pub use redlite_expertcache as expertcache;
 pub use sequence::{CacheCounters, Checkpoint, CpuSequence, Sequence, TokenProfile};

@@ -17,6 +17,11 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
+    /// The state to save (a state file), given back to [`Rng::new`] to
+    /// continue the same stream.
+    pub fn state(&self) -> u64 {
+        self.0
+    }
     /// Uniform in [0, 1).
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
@@ -194,6 +199,16 @@ impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
         let rng = Rng::new(cfg.seed);
         Sampler { cfg, rng }
+    }
+
+    /// The RNG's state (see [`Rng::state`]).
+    pub fn rng_state(&self) -> u64 {
+        self.rng.state()
+    }
+
+    /// Continue from a saved RNG state.
+    pub fn set_rng_state(&mut self, state: u64) {
+        self.rng = Rng::new(state);
     }
 
     pub fn greedy() -> Sampler {

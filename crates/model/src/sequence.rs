@@ -8,6 +8,7 @@
 //! recurrent state). The CPU implementation is [`CpuSequence`]; the CUDA
 //! decoder implements the same trait in its own crate.
 
+use crate::image::{KvElem, StateImage};
 use crate::session::{Logits, Session};
 use crate::trace::TraceRecord;
 use crate::{Model, ModelError};
@@ -121,6 +122,30 @@ pub trait Sequence {
 
     /// Go back (or forward) to a snapshot this sequence's backend made.
     fn restore(&mut self, checkpoint: &Checkpoint) -> Result<(), ModelError>;
+
+    /// The element type this backend keeps K and V rows in (what its
+    /// state files hold).
+    fn kv_elem(&self) -> KvElem {
+        KvElem::F32
+    }
+
+    /// A checkpoint this backend made, in host memory in the shared layout
+    /// (for a state file). A GPU copies its device buffers to the host.
+    fn export_checkpoint<'a>(
+        &self,
+        checkpoint: &'a Checkpoint,
+    ) -> Result<StateImage<'a>, ModelError> {
+        let _ = checkpoint;
+        Err(self.unsupported("saving a state file"))
+    }
+
+    /// A checkpoint of this sequence's backend from an image (read from a
+    /// state file), to [`restore`](Sequence::restore). The image is checked
+    /// against the model's layout first.
+    fn import_checkpoint(&self, image: StateImage<'_>) -> Result<Checkpoint, ModelError> {
+        let _ = image;
+        Err(self.unsupported("loading a state file"))
+    }
 
     /// Jump to `pos` without computing the tokens before it, for timing
     /// decode at a depth (the state is whatever it holds). Backends that
@@ -242,6 +267,26 @@ impl Sequence for CpuSequence {
         }
         self.session.clone_from(s);
         Ok(())
+    }
+
+    fn export_checkpoint<'a>(
+        &self,
+        checkpoint: &'a Checkpoint,
+    ) -> Result<StateImage<'a>, ModelError> {
+        let s: &Session = checkpoint.state(CPU)?;
+        Ok(crate::image::session_image(s))
+    }
+
+    fn import_checkpoint(&self, image: StateImage<'_>) -> Result<Checkpoint, ModelError> {
+        let s = crate::image::session_from_image(&self.model, image, self.session.ctx_len())?;
+        let (per_pos, fixed) = self.model.state_bytes();
+        let pos = s.pos();
+        Ok(Checkpoint::new(
+            CPU,
+            pos,
+            per_pos * pos as u64 + fixed,
+            Box::new(s),
+        ))
     }
 
     fn enable_trace(&mut self) -> Result<(), ModelError> {

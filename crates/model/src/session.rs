@@ -45,6 +45,18 @@ impl Session {
         }
     }
 
+    /// A session holding `states` at `pos` (a restored state file).
+    pub(crate) fn from_states(states: Vec<LayerState>, pos: usize, ctx_len: usize) -> Session {
+        let mut s = Session::new(states, ctx_len);
+        s.pos = pos;
+        s
+    }
+
+    /// Every layer's state, in layer order.
+    pub fn states(&self) -> &[LayerState] {
+        &self.states
+    }
+
     /// Positions used so far.
     pub fn pos(&self) -> usize {
         self.pos

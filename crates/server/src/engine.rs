@@ -89,6 +89,8 @@ pub struct EngineConfig {
     pub prompt_cache: bool,
     /// How many checkpoints to keep (oldest dropped first).
     pub max_checkpoints: usize,
+    /// Persist end-of-turn checkpoints as state files here (`--state-dir`).
+    pub state_dir: Option<crate::statedir::StateDirConfig>,
 }
 
 /// The client side of the engine: submit jobs.
@@ -136,7 +138,17 @@ pub fn start(
     std::thread::Builder::new()
         .name("redlite-engine".into())
         .spawn(move || {
-            let seq = match open() {
+            let opened = open().and_then(|seq| {
+                let disk = match &cfg.state_dir {
+                    Some(d) => Some(
+                        crate::statedir::StateDir::open(d.clone(), seq.kv_elem(), seq.ctx_len())
+                            .map_err(|e| format!("--state-dir {}: {e}", d.dir.display()))?,
+                    ),
+                    None => None,
+                };
+                Ok((seq, disk))
+            });
+            let (seq, disk) = match opened {
                 Ok(s) => {
                     let _ = ready_tx.send(Ok(()));
                     s
@@ -147,6 +159,7 @@ pub fn start(
                 }
             };
             let mut engine = Engine::new(seq, tokenizer, cfg, m);
+            engine.disk = disk;
             for job in rx {
                 engine.metrics.queued.fetch_sub(1, Ordering::SeqCst);
                 engine.metrics.processing.store(1, Ordering::SeqCst);
@@ -171,6 +184,10 @@ struct Engine {
     metrics: Arc<Metrics>,
     checkpoints: Vec<Checkpoint>,
     clock: u64,
+    /// The persisted checkpoints (`--state-dir`).
+    disk: Option<crate::statedir::StateDir>,
+    /// The end-of-turn checkpoint to write once the answer is sent.
+    to_persist: Option<Vec<u32>>,
 }
 
 impl Engine {
@@ -188,6 +205,8 @@ impl Engine {
             metrics,
             checkpoints: Vec::new(),
             clock: 0,
+            disk: None,
+            to_persist: None,
         }
     }
 
@@ -203,6 +222,79 @@ impl Engine {
             .filter(|(_, c)| c.tokens.len() <= prompt.len() && prompt.starts_with(&c.tokens))
             .max_by_key(|(_, c)| (c.tokens.len(), c.last_used))
             .map(|(i, _)| i)
+    }
+
+    /// When a saved state extends further into `prompt` than any
+    /// checkpoint in memory, bring it into memory (the next
+    /// [`Engine::best_checkpoint`] picks it).
+    fn load_from_disk(&mut self, prompt: &[u32]) {
+        let Some(disk) = self.disk.as_mut() else {
+            return;
+        };
+        let in_memory = self
+            .checkpoints
+            .iter()
+            .filter(|c| prompt.starts_with(&c.tokens))
+            .map(|c| c.tokens.len())
+            .max()
+            .unwrap_or(0);
+        let Some(len) = disk.best(prompt).filter(|&l| l > in_memory) else {
+            return;
+        };
+        let t0 = Instant::now();
+        match disk.load(prompt, len, self.seq.as_ref()) {
+            Ok((tokens, state, logits)) => {
+                tracing::info!(
+                    "--state-dir: restored {} prompt tokens from a saved state in {:.3} s",
+                    tokens.len(),
+                    t0.elapsed().as_secs_f64()
+                );
+                self.clock += 1;
+                self.checkpoints.retain(|c| c.tokens != tokens);
+                self.checkpoints.push(Checkpoint {
+                    tokens,
+                    state,
+                    logits,
+                    last_used: self.clock,
+                });
+                self.trim_checkpoints();
+            }
+            Err(e) => tracing::warn!("--state-dir: a saved state did not load: {e}"),
+        }
+    }
+
+    /// Write the memory checkpoint holding exactly `tokens` to the state
+    /// directory (a failure is logged: serving goes on without it).
+    fn persist(&mut self, tokens: &[u32]) {
+        let Some(disk) = self.disk.as_mut() else {
+            return;
+        };
+        let Some(c) = self.checkpoints.iter().find(|c| c.tokens == tokens) else {
+            return;
+        };
+        let t0 = Instant::now();
+        match disk.save(self.seq.as_ref(), &c.state, &c.tokens, &c.logits) {
+            Ok(()) => tracing::info!(
+                "--state-dir: saved a state of {} tokens in {:.3} s",
+                tokens.len(),
+                t0.elapsed().as_secs_f64()
+            ),
+            Err(e) => tracing::warn!("--state-dir: saving a state: {e}"),
+        }
+    }
+
+    fn trim_checkpoints(&mut self) {
+        while self.checkpoints.len() > self.cfg.max_checkpoints.max(1) {
+            let oldest = self
+                .checkpoints
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, c)| c.last_used)
+                .map(|(i, _)| i)
+                .unwrap_or(0);
+            self.checkpoints.remove(oldest);
+        }
+        self.publish_cache_metrics();
     }
 
     /// Keep the live sequence's state as holding `tokens`.
@@ -281,6 +373,11 @@ impl Engine {
                         .observe_n(done.decode_secs / steps as f64, steps as u64);
                 }
                 let _ = events.send(Event::Done(done));
+                // Written after the answer is complete, so the write delays
+                // the next queued request, not this one.
+                if let Some(tokens) = self.to_persist.take() {
+                    self.persist(&tokens);
+                }
             }
             Ok(None) => {
                 self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -297,6 +394,9 @@ impl Engine {
     fn generate(&mut self, job: Job) -> Result<Option<Done>, redlite_model::ModelError> {
         let t0 = Instant::now();
         let prompt = &job.prompt;
+        if self.cfg.prompt_cache {
+            self.load_from_disk(prompt);
+        }
         let (cached, mut logits) = match self.best_checkpoint(prompt) {
             Some(i) => {
                 self.clock += 1;
@@ -397,7 +497,13 @@ impl Engine {
         let fed = self.seq.pos();
         if fed > prompt.len() {
             let tokens = history[..fed].to_vec();
+            if self.disk.is_some() {
+                self.to_persist = Some(tokens.clone());
+            }
             self.save_checkpoint(tokens, logits)?;
+        } else if self.disk.is_some() {
+            // Nothing generated was fed back: the prompt's state ends the turn.
+            self.to_persist = Some(prompt.clone());
         }
         Ok(Some(Done {
             finish,
@@ -538,6 +644,7 @@ mod tests {
             ubatch: 4,
             prompt_cache,
             max_checkpoints: 4,
+            state_dir: None,
         };
         let h = start(open, tok, cfg, Arc::new(Metrics::default())).expect("starts");
         (h, calls)
@@ -603,6 +710,7 @@ mod tests {
             ubatch: 4,
             prompt_cache: true,
             max_checkpoints: 1,
+            state_dir: None,
         };
         let e = start(open, tokenizer(), cfg, Arc::new(Metrics::default())).unwrap_err();
         assert!(e.to_string().contains("no device"), "{e}");

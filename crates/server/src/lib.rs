@@ -24,6 +24,7 @@ pub mod parse;
 pub mod prompt;
 pub mod request;
 pub mod routes;
+pub mod statedir;
 pub mod stop;
 pub mod stream;
 
@@ -74,6 +75,15 @@ pub struct ServeArgs {
     /// Session checkpoints kept for prompt reuse.
     #[arg(long, default_value_t = 4)]
     pub cache_checkpoints: usize,
+    /// Persist each conversation's state at the end of a turn as a state
+    /// file in this directory, and restore it after a restart when a
+    /// request extends it (docs/state-files.md).
+    #[arg(long, conflicts_with = "no_prompt_cache")]
+    pub state_dir: Option<PathBuf>,
+    /// Bytes the --state-dir files may take together (e.g. 20G); the least
+    /// recently used are removed first.
+    #[arg(long, default_value = "16G", value_parser = redlite_model::expertcache::parse_size)]
+    pub state_dir_limit: u64,
     /// Largest request body in bytes (more gets 413).
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -114,6 +124,8 @@ impl ServeArgs {
             parallel_queue: 64,
             no_prompt_cache: false,
             cache_checkpoints: 4,
+            state_dir: None,
+            state_dir_limit: 16 << 30,
             max_body_bytes: 4 << 20,
             alias: None,
             no_warmup: false,
@@ -222,6 +234,16 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             ubatch: model.ubatch(),
             prompt_cache: !args.no_prompt_cache,
             max_checkpoints: args.cache_checkpoints,
+            state_dir: args.state_dir.as_ref().map(|dir| statedir::StateDirConfig {
+                dir: dir.clone(),
+                limit: args.state_dir_limit,
+                model: redlite_statefile::ModelId::of(
+                    model.file(),
+                    model.arch().name(),
+                    model.n_vocab(),
+                ),
+                layers: redlite_model::StateLayout::of(&model, redlite_model::KvElem::F32).layers,
+            }),
         },
         metrics.clone(),
     )?;

@@ -1,0 +1,189 @@
+//! `serve --state-dir` over real HTTP on the demo model: a conversation's
+//! state saved at the end of a turn survives a restart of the server (a
+//! new server, with empty memory, on the same directory), and the next
+//! request that extends it restores it instead of computing the prefix
+//! (`usage.prompt_tokens_details.cached_tokens` and the `/metrics`
+//! counter), answering exactly as a server that never restarted. Skips
+//! loudly without the demo model (fails under `CI`).
+
+use redlite_server::{spawn, RunningServer, ServeArgs};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn demo_model() -> Option<PathBuf> {
+    let p = match std::env::var_os("REDLITE_DEMO_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/redlite/demo-model.gguf"),
+    };
+    if p.is_file() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI is set but the demo model is missing"
+    );
+    eprintln!("\n!!! SKIPPED: the demo model is missing (scripts/fetch-demo-model.sh)\n");
+    None
+}
+
+fn start(model: &Path, state_dir: Option<&Path>, limit: u64) -> RunningServer {
+    let mut args = ServeArgs::for_model(model);
+    args.port = 0;
+    args.ctx_size = 512;
+    args.no_warmup = true;
+    args.state_dir = state_dir.map(Path::to_path_buf);
+    args.state_dir_limit = limit;
+    spawn(args).expect("start the server")
+}
+
+fn http(server: &RunningServer, method: &str, path: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    resp.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// (text, prompt tokens, cached prompt tokens) of a greedy chat answer.
+fn chat(server: &RunningServer, messages: &Value) -> (String, u64, u64) {
+    let body = serde_json::json!({
+        "model": "demo",
+        "messages": messages,
+        "max_tokens": 16,
+        "temperature": 0,
+    });
+    let v: Value = serde_json::from_str(&http(
+        server,
+        "POST",
+        "/v1/chat/completions",
+        &body.to_string(),
+    ))
+    .unwrap();
+    (
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+    )
+}
+
+fn turn_one() -> Value {
+    serde_json::json!([{"role": "user", "content": "Name one prime number, in one word."}])
+}
+
+fn turn_two(answer: &str) -> Value {
+    serde_json::json!([
+        {"role": "user", "content": "Name one prime number, in one word."},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And another one?"},
+    ])
+}
+
+fn metric(server: &RunningServer, name: &str) -> f64 {
+    let m = http(server, "GET", "/metrics", "");
+    m.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .unwrap_or_else(|| panic!("no {name} in {m}"))
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The state files once `n` are there: the engine thread writes a turn's
+/// state after sending the answer, so it may still be writing.
+fn wait_for(dir: &Path, n: usize) -> Vec<(PathBuf, u64)> {
+    for _ in 0..600 {
+        let f = state_files(dir);
+        if f.len() == n {
+            return f;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    state_files(dir)
+}
+
+fn state_files(dir: &Path) -> Vec<(PathBuf, u64)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "state"))
+        .map(|p| {
+            let n = std::fs::metadata(&p).unwrap().len();
+            (p, n)
+        })
+        .collect()
+}
+
+#[test]
+fn a_conversation_survives_a_restart_and_answers_as_without_one() {
+    let Some(model) = demo_model() else { return };
+    let dir = std::env::temp_dir().join(format!("redlite-state-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // The server that never restarts: both turns in one process.
+    let steady = start(&model, None, 0);
+    let (t1, _, _) = chat(&steady, &turn_one());
+    let (want, want_prompt, want_cached) = chat(&steady, &turn_two(&t1));
+    drop(steady);
+    assert!(
+        want_cached > 0,
+        "the steady server did not reuse the first turn"
+    );
+
+    // Turn one, then the server goes away.
+    let a = start(&model, Some(&dir), 16 << 30);
+    let (t1_a, _, _) = chat(&a, &turn_one());
+    assert_eq!(t1_a, t1);
+    drop(a);
+    let files = wait_for(&dir, 1);
+    assert_eq!(files.len(), 1, "{files:?}");
+
+    // A new server on the same directory: the second turn restores the
+    // saved state instead of computing it.
+    let b = start(&model, Some(&dir), 16 << 30);
+    assert_eq!(metric(&b, "redlite_prompt_tokens_cached_total"), 0.0);
+    let (got, got_prompt, got_cached) = chat(&b, &turn_two(&t1));
+    assert_eq!(got_prompt, want_prompt);
+    assert_eq!(got_cached, want_cached, "restored tokens");
+    assert_eq!(
+        metric(&b, "redlite_prompt_tokens_cached_total"),
+        want_cached as f64
+    );
+    assert_eq!(got, want, "the answer after the restart differs");
+    drop(b);
+    let both = wait_for(&dir, 2);
+    assert_eq!(both.len(), 2, "{both:?}");
+    let largest = both.iter().map(|f| f.1).max().unwrap();
+
+    // The size limit: room for one file of about these sizes (each file
+    // holds ~600 KB of logits and 24 KB a position), not two: only the
+    // newest stays.
+    let c = start(&model, Some(&dir), largest + 300_000);
+    let (_, _, cached) = chat(
+        &c,
+        &serde_json::json!([{"role": "user", "content": "Say hi."}]),
+    );
+    assert_eq!(cached, 0);
+    drop(c);
+    assert_eq!(
+        state_files(&dir).len(),
+        1,
+        "the older states were not evicted"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
