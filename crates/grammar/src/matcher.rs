@@ -42,14 +42,23 @@ pub(crate) struct Node {
 pub struct Partial {
     pub bits: u32,
     pub rem: u8,
+    /// The character's length in bytes.
+    pub len: u8,
 }
 
 impl Partial {
     /// The code points this prefix can still become.
+    /// Overlong forms (a code point in more bytes than it needs) are not
+    /// UTF-8: the range starts at the smallest code point of this length.
     fn range(self) -> (u32, u32) {
         let shift = 6 * self.rem as u32;
         let lo = self.bits << shift;
-        (lo, lo | ((1u32 << shift) - 1))
+        let min = match self.len {
+            2 => 0x80,
+            3 => 0x800,
+            _ => 0x10000,
+        };
+        (lo.max(min), (lo | ((1u32 << shift) - 1)).min(0x10ffff))
     }
 }
 
@@ -233,14 +242,17 @@ impl Stepper {
                 0xc2..=0xdf => Partial {
                     bits: (b & 0x1f) as u32,
                     rem: 1,
+                    len: 2,
                 },
                 0xe0..=0xef => Partial {
                     bits: (b & 0x0f) as u32,
                     rem: 2,
+                    len: 3,
                 },
                 0xf0..=0xf4 => Partial {
                     bits: (b & 0x07) as u32,
                     rem: 3,
+                    len: 4,
                 },
                 _ => return Ok(None),
             }
@@ -251,17 +263,23 @@ impl Stepper {
             let p = Partial {
                 bits: partial.bits << 6 | (b & 0x3f) as u32,
                 rem: partial.rem - 1,
+                len: partial.len,
             };
             if p.rem == 0 {
-                if p.bits > 0x10ffff || (0xd800..=0xdfff).contains(&p.bits) {
+                let (lo, hi) = Partial { rem: 0, ..p }.range();
+                if lo != hi || (0xd800..=0xdfff).contains(&p.bits) {
+                    // Overlong, past U+10FFFF, or a surrogate.
                     return Ok(None);
                 }
                 self.step_cp(input, p.bits, out)?;
-                return Ok(Some(p));
+                return Ok(Some(Partial::default()));
             }
             p
         };
         let (lo, hi) = next.range();
+        if lo > hi || (lo >= 0xd800 && hi <= 0xdfff) {
+            return Ok(None);
+        }
         for &s in input {
             if let Some(c) = self.class_of(s) {
                 if self.g.classes[c as usize].intersects(lo, hi) {

@@ -14,6 +14,7 @@
 //! Properties are written in the order the schema lists them; optional ones
 //! may be left out. Whitespace between tokens is bounded (one space, or a
 //! newline and up to 20 spaces or tabs), numbers have at most 16 digits per
+//! part and 2 in the exponent (so they fit an f64)
 //! part: a model cannot loop on either.
 
 use serde_json::Value;
@@ -64,7 +65,7 @@ json-char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
 json-string ::= "\"" json-char* "\"" ws
 json-int ::= "0" | [1-9] [0-9]{0,15}
 json-integer ::= "-"? json-int ws
-json-number ::= "-"? json-int ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,16})? ws
+json-number ::= "-"? json-int ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})? ws
 json-boolean ::= ("true" | "false") ws
 json-null ::= "null" ws
 json-value ::= json-object | json-array | json-string | json-number | json-boolean | json-null
@@ -453,7 +454,16 @@ impl SchemaGrammar {
                 ]
             })
             .collect();
-        let extra_kv = extra.map(|v| format!("json-string \":\" ws {v}"));
+        // Other keys must differ from the declared ones (a repeated key
+        // would be read with the declared key's schema).
+        let declared: Vec<String> = kvs.iter().map(|(k, _, _)| k.clone()).collect();
+        let extra_kv = match extra {
+            Some(v) => {
+                let key = self.key_not_in(hint, &declared);
+                Some(format!("{key} \":\" ws {v}"))
+            }
+            None => None,
+        };
         match &extra_kv {
             Some(kv) => {
                 self.rule(names[n][0].clone(), format!("({kv} (\",\" ws {kv})*)?"));
@@ -481,6 +491,55 @@ impl SchemaGrammar {
             self.rule(names[i][1].clone(), b1);
         }
         Ok(self.add_rule(hint, format!("\"{{\" ws {} \"}}\" ws", names[0][0])))
+    }
+
+    /// A JSON string (then `ws`) whose text is none of `keys`: a trie of
+    /// the keys, leaving it by any other character. Escapes count as other
+    /// characters (so `\u0061` is not recognised as `a`).
+    fn key_not_in(&mut self, hint: &str, keys: &[String]) -> String {
+        if keys.is_empty() {
+            return "json-string".into();
+        }
+        let base = self.name(&format!("{hint}-key"));
+        let mut counter = 0usize;
+        self.key_node(&base, &mut counter, keys, 0);
+        format!("\"\\\"\" {base}-0 ws")
+    }
+
+    /// The rule `{base}-{n}` for the keys sharing their first `depth` chars.
+    fn key_node(&mut self, base: &str, counter: &mut usize, keys: &[String], depth: usize) {
+        let me = *counter;
+        *counter += 1;
+        let mut children: Vec<char> = keys.iter().filter_map(|k| k.chars().nth(depth)).collect();
+        children.sort_unstable();
+        children.dedup();
+        let terminal = keys.iter().any(|k| k.chars().count() == depth);
+        let mut alts = Vec::new();
+        for &c in &children {
+            let sub: Vec<String> = keys
+                .iter()
+                .filter(|k| k.chars().nth(depth) == Some(c))
+                .cloned()
+                .collect();
+            let id = *counter;
+            self.key_node(base, counter, &sub, depth + 1);
+            alts.push(format!("{} {base}-{id}", literal(&c.to_string())));
+        }
+        let mut class = String::from("[^\"\\\\\\x7F\\x00-\\x1F");
+        for c in &children {
+            if matches!(c, ']' | '\\' | '-' | '^') {
+                class.push('\\');
+            }
+            class.push(*c);
+        }
+        class.push(']');
+        alts.push(format!(
+            "({class} | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{{4}})) json-char* \"\\\"\""
+        ));
+        if !terminal {
+            alts.push("\"\\\"\"".into());
+        }
+        self.rule(format!("{base}-{me}"), alts.join(" | "));
     }
 
     fn array(
