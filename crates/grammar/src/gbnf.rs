@@ -296,7 +296,10 @@ impl Parser<'_> {
     /// One character of a literal or class, escapes decoded.
     fn char_in_literal(&mut self) -> Result<u32, GrammarError> {
         let rest = &self.text[self.pos..];
-        let c = rest.chars().next().ok_or_else(|| self.err("unexpected end"))?;
+        let c = rest
+            .chars()
+            .next()
+            .ok_or_else(|| self.err("unexpected end"))?;
         if c != '\\' {
             self.pos += c.len_utf8();
             return Ok(c as u32);

@@ -289,10 +289,8 @@ impl Builder {
                     // keeps the matcher's stack flat however many repeats).
                     None => {
                         let id = self.fresh(base);
-                        self.pending.push((
-                            id,
-                            vec![vec![*node, self.self_ref(id)], Vec::new()],
-                        ));
+                        self.pending
+                            .push((id, vec![vec![*node, self.self_ref(id)], Vec::new()]));
                         out.push(Elem::Ref(id));
                     }
                     // x{0,k}: r1 ::= x r2 |, …, rk ::= x |.

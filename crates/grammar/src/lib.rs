@@ -30,7 +30,11 @@ pub enum GrammarError {
         message: String,
     },
     #[error("grammar line {line}, column {col}: rule `{name}` is used but never defined")]
-    Undefined { name: String, line: usize, col: usize },
+    Undefined {
+        name: String,
+        line: usize,
+        col: usize,
+    },
     #[error("the grammar has no `{0}` rule to start from")]
     NoRoot(String),
     #[error("rule `{0}` is left-recursive (it can reach itself before matching a character)")]

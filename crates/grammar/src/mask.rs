@@ -50,11 +50,7 @@ impl Vocab {
     /// `piece(id)`: the bytes token `id` stands for, or `None` for tokens
     /// the grammar must never produce (control tokens). `eog`: the
     /// end-of-generation tokens, allowed only once the grammar is complete.
-    pub fn new<'a>(
-        n_vocab: usize,
-        piece: impl Fn(u32) -> Option<&'a [u8]>,
-        eog: &[u32],
-    ) -> Vocab {
+    pub fn new<'a>(n_vocab: usize, piece: impl Fn(u32) -> Option<&'a [u8]>, eog: &[u32]) -> Vocab {
         let mut pieces = Vec::new();
         let mut offs = Vec::with_capacity(n_vocab + 1);
         let mut list: Vec<u32> = Vec::new();

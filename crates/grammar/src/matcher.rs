@@ -125,7 +125,12 @@ impl Stepper {
     /// The stacks that continue at `pos` with `parent` below, each with a
     /// character class on top (or [`ACCEPT`] / [`FLOOR`] when the input
     /// may end or leave the frame here), appended to `out`.
-    pub fn closure(&mut self, pos: u32, parent: u32, out: &mut Vec<u32>) -> Result<(), GrammarError> {
+    pub fn closure(
+        &mut self,
+        pos: u32,
+        parent: u32,
+        out: &mut Vec<u32>,
+    ) -> Result<(), GrammarError> {
         if out.len() > MAX_STACKS {
             return Err(GrammarError::TooAmbiguous(MAX_STACKS));
         }

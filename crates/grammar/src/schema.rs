@@ -14,8 +14,8 @@
 //! Properties are written in the order the schema lists them; optional ones
 //! may be left out. Whitespace between tokens is bounded (one space, or a
 //! newline and up to 20 spaces or tabs), numbers have at most 16 digits per
-//! part and 2 in the exponent (so they fit an f64)
-//! part: a model cannot loop on either.
+//! part and 2 in the exponent (so they fit an f64): a model cannot loop on
+//! either.
 
 use serde_json::Value;
 use std::collections::HashMap;
@@ -193,12 +193,7 @@ impl SchemaGrammar {
                 return Err(Self::err(path, "the schema `false` accepts no value"))
             }
             Value::Object(o) => o,
-            _ => {
-                return Err(Self::err(
-                    path,
-                    "a schema must be an object or a boolean",
-                ))
-            }
+            _ => return Err(Self::err(path, "a schema must be an object or a boolean")),
         };
         if let Some(r) = obj.get("$ref") {
             return self.reference(doc, r, path);
@@ -322,7 +317,11 @@ impl SchemaGrammar {
         Ok(name)
     }
 
-    fn count(obj: &serde_json::Map<String, Value>, key: &str, path: &str) -> Result<Option<u32>, SchemaError> {
+    fn count(
+        obj: &serde_json::Map<String, Value>,
+        key: &str,
+        path: &str,
+    ) -> Result<Option<u32>, SchemaError> {
         match obj.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -475,7 +474,10 @@ impl SchemaGrammar {
             }
         }
         for (i, (k, v, req)) in kvs.iter().enumerate().rev() {
-            let kv = format!("{} ws \":\" ws {v}", literal(&serde_json::to_string(k).unwrap_or_default()));
+            let kv = format!(
+                "{} ws \":\" ws {v}",
+                literal(&serde_json::to_string(k).unwrap_or_default())
+            );
             let next_started = &names[i + 1][1];
             let b0 = if *req {
                 format!("{kv} {next_started}")
@@ -557,12 +559,7 @@ impl SchemaGrammar {
                     "tuple `items` (an array of schemas) is not supported",
                 ))
             }
-            Some(s) => self.visit(
-                doc,
-                s,
-                &join_path(path, "items"),
-                &format!("{hint}-item"),
-            )?,
+            Some(s) => self.visit(doc, s, &join_path(path, "items"), &format!("{hint}-item"))?,
         };
         let min = Self::count(obj, "minItems", path)?.unwrap_or(0);
         let max = Self::count(obj, "maxItems", path)?;
@@ -575,10 +572,7 @@ impl SchemaGrammar {
         };
         let body = match (min, max) {
             (_, Some(0)) => "\"[\" ws \"]\" ws".to_string(),
-            (0, m) => format!(
-                "\"[\" ws ({item} {})? \"]\" ws",
-                more(0, m.map(|m| m - 1))
-            ),
+            (0, m) => format!("\"[\" ws ({item} {})? \"]\" ws", more(0, m.map(|m| m - 1))),
             (lo, m) => format!(
                 "\"[\" ws {item} {} \"]\" ws",
                 more(lo - 1, m.map(|m| m - 1))

@@ -11,31 +11,57 @@ fn g(text: &str) -> Arc<redlite_grammar::Grammar> {
 fn check(text: &str, yes: &[&str], no: &[&str]) {
     let gr = g(text);
     for s in yes {
-        assert!(Matcher::matches(&gr, s).unwrap(), "{text:?} should accept {s:?}");
+        assert!(
+            Matcher::matches(&gr, s).unwrap(),
+            "{text:?} should accept {s:?}"
+        );
     }
     for s in no {
-        assert!(!Matcher::matches(&gr, s).unwrap(), "{text:?} should reject {s:?}");
+        assert!(
+            !Matcher::matches(&gr, s).unwrap(),
+            "{text:?} should reject {s:?}"
+        );
     }
 }
 
 #[test]
 fn literals_classes_and_repetitions() {
-    check(r#"root ::= "a" [b-d]+ "e"?"#, &["ab", "abe", "abcd", "adcbe"], &["a", "ae", "abf", "abee", ""]);
+    check(
+        r#"root ::= "a" [b-d]+ "e"?"#,
+        &["ab", "abe", "abcd", "adcbe"],
+        &["a", "ae", "abf", "abee", ""],
+    );
     check(r#"root ::= "x"{2,3}"#, &["xx", "xxx"], &["x", "xxxx", ""]);
     check(r#"root ::= "x"{2}"#, &["xx"], &["x", "xxx"]);
     check(r#"root ::= "x"{2,} "y""#, &["xxy", "xxxxxxy"], &["xy", "y"]);
     check(r#"root ::= "x"{0,2}"#, &["", "x", "xx"], &["xxx"]);
-    check(r#"root ::= [^"\\]* "\"""#, &["\"", "ab c\""], &["a\\\"", "a\"b\"", "a"]);
+    check(
+        r#"root ::= [^"\\]* "\"""#,
+        &["\"", "ab c\""],
+        &["a\\\"", "a\"b\"", "a"],
+    );
     check(r#"root ::= . . "!""#, &["ab!", "é中!"], &["a!", "abc!"]);
-    check(r#"root ::= "a" | "b" "c" | """#, &["a", "bc", ""], &["b", "ac"]);
+    check(
+        r#"root ::= "a" | "b" "c" | """#,
+        &["a", "bc", ""],
+        &["b", "ac"],
+    );
 }
 
 #[test]
 fn escapes_and_unicode() {
-    check(r#"root ::= "\x41\u00e9\t\n\\\"""#, &["Aé\t\n\\\""], &["Ae\t\n\\\""]);
+    check(
+        r#"root ::= "\x41\u00e9\t\n\\\"""#,
+        &["Aé\t\n\\\""],
+        &["Ae\t\n\\\""],
+    );
     check(r#"root ::= [à-ÿ]+"#, &["éè", "ÿ"], &["e", "Ā"]);
     // Four-byte characters, a range across them, negation of a range.
-    check(r#"root ::= [\U0001F600-\U0001F64F] [^a-z]"#, &["😀A", "🙏é"], &["😀a", "🚀A"]);
+    check(
+        r#"root ::= [\U0001F600-\U0001F64F] [^a-z]"#,
+        &["😀A", "🙏é"],
+        &["😀a", "🚀A"],
+    );
     check(r#"root ::= [a\-z]+"#, &["a-z", "-"], &["b"]);
 }
 
@@ -51,7 +77,11 @@ val    ::= [0-9]+ | "true"
          | "false"
 ws     ::= [ ]*
 "#;
-    check(text, &["{}", "{a:1}", "{a: 1, bc:true,d:false}"], &["{a}", "{a:1,}", "{A:1}", "{a:1 }"]);
+    check(
+        text,
+        &["{}", "{a:1}", "{a: 1, bc:true,d:false}"],
+        &["{a}", "{a:1,}", "{A:1}", "{a:1 }"],
+    );
 }
 
 #[test]
@@ -81,8 +111,14 @@ fn errors_name_the_line_and_column() {
     assert!(e.to_string().contains("below the minimum"), "{e}");
     let e = gbnf::parse("root ::= \"x\"{1,1000000}").unwrap_err();
     assert!(e.to_string().contains("over"), "{e}");
-    assert!(matches!(gbnf::parse("").unwrap_err(), GrammarError::Parse { .. }));
-    assert!(gbnf::parse("root ::= \"\\q\"").unwrap_err().to_string().contains("unknown escape"));
+    assert!(matches!(
+        gbnf::parse("").unwrap_err(),
+        GrammarError::Parse { .. }
+    ));
+    assert!(gbnf::parse("root ::= \"\\q\"")
+        .unwrap_err()
+        .to_string()
+        .contains("unknown escape"));
 }
 
 #[test]
@@ -115,7 +151,10 @@ fn pathological_grammars_stop_with_an_error() {
             }
         }
     }
-    assert!(matches!(err, Some(GrammarError::TooAmbiguous(_))), "{err:?}");
+    assert!(
+        matches!(err, Some(GrammarError::TooAmbiguous(_))),
+        "{err:?}"
+    );
     // Unbounded nesting stops at the depth limit.
     let gr = g("root ::= \"(\" root \")\" | \"\"");
     let mut m = Matcher::new(gr).unwrap();

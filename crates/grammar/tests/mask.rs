@@ -14,10 +14,57 @@ fn pieces() -> Vec<Vec<u8>> {
     let mut v: Vec<Vec<u8>> = vec![b"<eog>".to_vec()];
     v.extend((0u8..=255).map(|b| vec![b]));
     for s in [
-        "{\"", "\":", "\": ", ", \"", "\"}", "\"},", " {", "\n  ", "\n", "  ", "true", "false", "null",
-        "na", "me", "name", "\"name\"", "12", "345", "-", ".5", "e3", "é", "中文", "abc", "\"a", "a\"",
-        "\", \"", "\"],", "[1", "]}", "[\"", "\"]", "0", "00", "1.", "{}", "[]", " ", "\"\"", "\\n",
-        "\\u00", "ok", "tags", "\"tags\"", "\": [", "], ", "}\n", "x\":", "city", "\"city\": \"",
+        "{\"",
+        "\":",
+        "\": ",
+        ", \"",
+        "\"}",
+        "\"},",
+        " {",
+        "\n  ",
+        "\n",
+        "  ",
+        "true",
+        "false",
+        "null",
+        "na",
+        "me",
+        "name",
+        "\"name\"",
+        "12",
+        "345",
+        "-",
+        ".5",
+        "e3",
+        "é",
+        "中文",
+        "abc",
+        "\"a",
+        "a\"",
+        "\", \"",
+        "\"],",
+        "[1",
+        "]}",
+        "[\"",
+        "\"]",
+        "0",
+        "00",
+        "1.",
+        "{}",
+        "[]",
+        " ",
+        "\"\"",
+        "\\n",
+        "\\u00",
+        "ok",
+        "tags",
+        "\"tags\"",
+        "\": [",
+        "], ",
+        "}\n",
+        "x\":",
+        "city",
+        "\"city\": \"",
     ] {
         v.push(s.as_bytes().to_vec());
     }
@@ -27,7 +74,11 @@ fn pieces() -> Vec<Vec<u8>> {
 }
 
 fn vocab(p: &[Vec<u8>]) -> Arc<Vocab> {
-    Arc::new(Vocab::new(p.len(), |id| Some(p[id as usize].as_slice()), &[EOG]))
+    Arc::new(Vocab::new(
+        p.len(),
+        |id| Some(p[id as usize].as_slice()),
+        &[EOG],
+    ))
 }
 
 /// A tiny seeded RNG (SplitMix64).
@@ -59,7 +110,10 @@ fn cached_trie_masks_equal_token_by_token_matching() {
     let p = pieces();
     let v = vocab(&p);
     let mut rng = Rng(7);
-    for s in schemas().iter().chain([json!({"type": "object", "additionalProperties": true})].iter()) {
+    for s in schemas()
+        .iter()
+        .chain([json!({"type": "object", "additionalProperties": true})].iter())
+    {
         let g = Arc::new(gbnf::parse(&schema::compile(s).unwrap()).unwrap());
         for _run in 0..4 {
             let mut c = Constraint::new(g.clone(), v.clone()).unwrap();
@@ -74,7 +128,12 @@ fn cached_trie_masks_equal_token_by_token_matching() {
                         m.clone().advance(&p[id as usize]).unwrap()
                     };
                     let got = mask[id as usize / 64] >> (id % 64) & 1 == 1;
-                    assert_eq!(got, want, "{s}: token {:?}", String::from_utf8_lossy(&p[id as usize]));
+                    assert_eq!(
+                        got,
+                        want,
+                        "{s}: token {:?}",
+                        String::from_utf8_lossy(&p[id as usize])
+                    );
                     if want {
                         allowed.push(id);
                     }
@@ -125,8 +184,12 @@ fn valid(s: &Value, v: &Value) -> bool {
     }
     if let Some(a) = v.as_array() {
         let n = a.len() as u64;
-        if s.get("minItems").and_then(Value::as_u64).is_some_and(|m| n < m)
-            || s.get("maxItems").and_then(Value::as_u64).is_some_and(|m| n > m)
+        if s.get("minItems")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| n < m)
+            || s.get("maxItems")
+                .and_then(Value::as_u64)
+                .is_some_and(|m| n > m)
         {
             return false;
         }
@@ -135,7 +198,12 @@ fn valid(s: &Value, v: &Value) -> bool {
         }
     }
     if let Some(o) = v.as_object() {
-        for r in s.get("required").and_then(Value::as_array).into_iter().flatten() {
+        for r in s
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if !o.contains_key(r.as_str().unwrap()) {
                 return false;
             }
@@ -170,7 +238,9 @@ fn sampled_outputs_are_valid_json_of_the_schema() {
                 let mut logits: Vec<f32> = (0..p.len()).map(|_| rng.f32()).collect();
                 logits[EOG as usize] += 0.5;
                 c.apply(&mut logits).unwrap();
-                let pick = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
+                let pick = (0..logits.len())
+                    .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+                    .unwrap() as u32;
                 assert!(c.accept_token(pick).unwrap());
                 if pick == EOG {
                     done = true;
@@ -183,7 +253,8 @@ fn sampled_outputs_are_valid_json_of_the_schema() {
             }
             finished += 1;
             let text = String::from_utf8(out).expect("UTF-8");
-            let val: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+            let val: Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
             assert!(valid(&s, &val), "{s} rejects {text}");
         }
     }
@@ -204,7 +275,10 @@ fn eog_only_when_complete_and_control_tokens_never() {
     assert!(c.accept_token(b'x' as u32 + 1).unwrap());
     let m = c.compute_mask().unwrap().to_vec();
     assert!(bit(&m, EOG as usize), "complete after one character");
-    assert!(!c.accept_token(b'x' as u32 + 1).unwrap(), "refused, state kept");
+    assert!(
+        !c.accept_token(b'x' as u32 + 1).unwrap(),
+        "refused, state kept"
+    );
     assert!(c.accept_token(b'a' as u32 + 1).unwrap());
     let m = c.compute_mask().unwrap().to_vec();
     assert!(!bit(&m, EOG as usize));
@@ -212,5 +286,8 @@ fn eog_only_when_complete_and_control_tokens_never() {
     assert!(c.is_finished());
     let mut logits = vec![1.0f32; p.len()];
     c.apply(&mut logits).unwrap();
-    assert!(logits.iter().enumerate().all(|(i, &l)| (i == EOG as usize) == (l > f32::NEG_INFINITY)));
+    assert!(logits
+        .iter()
+        .enumerate()
+        .all(|(i, &l)| (i == EOG as usize) == (l > f32::NEG_INFINITY)));
 }

@@ -15,6 +15,7 @@
 //! ```
 
 pub mod api;
+pub mod constrain;
 pub mod engine;
 pub mod error;
 pub mod extra;
