@@ -60,6 +60,10 @@ pub struct ChatParser {
     fenced: bool,
     /// Drop a closing code fence that may follow.
     skip_fence: bool,
+    /// The offered tools: a block calling another name stays text.
+    names: Option<Vec<String>>,
+    /// The current block names a tool that was not offered.
+    rejected: bool,
 }
 
 impl ChatParser {
@@ -83,7 +87,23 @@ impl ChatParser {
             bare: false,
             fenced: false,
             skip_fence: false,
+            names: None,
+            rejected: false,
         }
+    }
+
+    /// Only calls of these tools are calls; a block naming another tool is
+    /// returned as content (a model must not call what it was not given).
+    /// Empty: any name.
+    pub fn with_tool_names(mut self, names: Vec<String>) -> ChatParser {
+        self.names = (!names.is_empty()).then_some(names);
+        self
+    }
+
+    fn offered(&self, name: &str) -> bool {
+        self.names
+            .as_ref()
+            .is_none_or(|n| n.iter().any(|x| x == name))
     }
 
     /// Tool calls started so far.
@@ -222,14 +242,18 @@ impl ChatParser {
                     return;
                 }
                 State::Tool => {
-                    if self.args_start.is_none() {
+                    if self.args_start.is_none() && !self.rejected {
                         if let Some((name, end)) = call_header(&self.buf) {
-                            out.push(Parsed::ToolCallStart {
-                                index: self.calls,
-                                name,
-                            });
-                            self.calls += 1;
-                            self.args_start = Some(end);
+                            if self.offered(&name) {
+                                out.push(Parsed::ToolCallStart {
+                                    index: self.calls,
+                                    name,
+                                });
+                                self.calls += 1;
+                                self.args_start = Some(end);
+                            } else {
+                                self.rejected = true;
+                            }
                         }
                     }
                     // Where the block's text ends, and where what follows begins.
@@ -251,7 +275,9 @@ impl ChatParser {
                             // whole block as JSON, else give it back as text.
                             let inner = self.buf[..end].to_string();
                             self.buf.drain(..next);
-                            match whole_call(&inner) {
+                            let call = whole_call(&inner)
+                                .filter(|(name, _)| !self.rejected && self.offered(name));
+                            match call {
                                 Some((name, args)) => {
                                     out.push(Parsed::ToolCallStart {
                                         index: self.calls,
@@ -319,6 +345,7 @@ impl ChatParser {
     }
 
     fn end_call(&mut self) {
+        self.rejected = false;
         self.state = State::Content;
         self.args_start = None;
         self.args_sent = 0;
@@ -581,6 +608,40 @@ mod tests {
             );
         }
         whole
+    }
+
+    #[test]
+    fn calls_of_tools_never_offered_stay_text() {
+        let text = "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {\"path\": \"/\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"ok\", \"arguments\": {}}\n</tool_call>";
+        let whole = {
+            let mut p = ChatParser::new(true, false, false).with_tool_names(vec!["ok".into()]);
+            let mut c = Collected::default();
+            c.add(p.push(text));
+            c.add(p.finish());
+            c
+        };
+        for split in 1..9 {
+            let mut p = ChatParser::new(true, false, false).with_tool_names(vec!["ok".into()]);
+            let mut c = Collected::default();
+            let chars: Vec<char> = text.chars().collect();
+            for chunk in chars.chunks(split) {
+                c.add(p.push(&chunk.iter().collect::<String>()));
+            }
+            c.add(p.finish());
+            assert_eq!(c, whole, "split {split}");
+        }
+        assert_eq!(whole.calls, vec![("ok".to_string(), "{}".to_string())]);
+        assert!(
+            whole.content.contains("rm_rf") && whole.content.starts_with("<tool_call>"),
+            "{:?}",
+            whole.content
+        );
+        // A bare JSON call of an unknown tool is text too.
+        let mut p = ChatParser::new(true, false, false).with_tool_names(vec!["ok".into()]);
+        let mut c = Collected::default();
+        c.add(p.push("{\"name\": \"nope\", \"arguments\": {}}"));
+        c.add(p.finish());
+        assert!(c.calls.is_empty() && c.content.contains("nope"), "{c:?}");
     }
 
     #[test]
