@@ -27,6 +27,7 @@ pub mod request;
 pub mod routes;
 pub mod stop;
 pub mod stream;
+pub mod xmlcall;
 
 pub use error::{ApiError, ServerError};
 pub use routes::{router, AppState};

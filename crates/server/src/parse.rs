@@ -64,6 +64,11 @@ pub struct ChatParser {
     names: Option<Vec<String>>,
     /// The current block names a tool that was not offered.
     rejected: bool,
+    /// Calls are Qwen3-Coder's XML; each tool's `parameters` schema types
+    /// its arguments.
+    xml: Option<Vec<(String, serde_json::Value)>>,
+    /// The name of the XML call being read.
+    xml_name: String,
 }
 
 impl ChatParser {
@@ -89,7 +94,61 @@ impl ChatParser {
             skip_fence: false,
             names: None,
             rejected: false,
+            xml: None,
+            xml_name: String::new(),
         }
+    }
+
+    /// Read calls in Qwen3-Coder's XML format (see [`crate::xmlcall`]);
+    /// `schemas`: (tool name, `parameters`) to type the arguments by.
+    pub fn with_xml_calls(mut self, schemas: Vec<(String, serde_json::Value)>) -> ChatParser {
+        self.xml = Some(schemas);
+        self
+    }
+
+    /// An XML call block: the name once `<function=NAME>` is complete, the
+    /// arguments as one JSON text when the block closes. `true`: go on
+    /// draining.
+    fn drain_xml(&mut self, out: &mut Vec<Parsed>, last: bool) -> bool {
+        if self.args_start.is_none() && !self.rejected {
+            if let Some((name, end)) = crate::xmlcall::function_header(&self.buf) {
+                if self.offered(&name) {
+                    out.push(Parsed::ToolCallStart {
+                        index: self.calls,
+                        name: name.clone(),
+                    });
+                    self.calls += 1;
+                    self.args_start = Some(end);
+                    self.xml_name = name;
+                } else {
+                    self.rejected = true;
+                }
+            }
+        }
+        let (end, next) = match self.buf.find(TOOL_CLOSE) {
+            Some(c) => (c, c + TOOL_CLOSE.len()),
+            None if last => (self.buf.len(), self.buf.len()),
+            None => return false,
+        };
+        match self.args_start {
+            Some(start) => {
+                let schema = self
+                    .xml
+                    .as_ref()
+                    .and_then(|s| s.iter().find(|(n, _)| *n == self.xml_name))
+                    .map(|(_, v)| v);
+                let args = crate::xmlcall::arguments_json(&self.buf[start..end], schema);
+                self.send_args(out, &args);
+            }
+            None => {
+                let close = if next > end { TOOL_CLOSE } else { "" };
+                let raw = format!("{TOOL_OPEN}{}{close}", &self.buf[..end]);
+                self.emit_text(out, &raw, false);
+            }
+        }
+        self.buf.drain(..next);
+        self.end_call();
+        !last || !self.buf.is_empty()
     }
 
     /// Only calls of these tools are calls; a block naming another tool is
@@ -239,6 +298,12 @@ impl ChatParser {
                     let cut = self.buf.len() - keep;
                     let text: String = self.buf.drain(..cut).collect();
                     self.emit_text(out, &text, true);
+                    return;
+                }
+                State::Tool if self.xml.is_some() && !self.bare => {
+                    if self.drain_xml(out, last) {
+                        continue;
+                    }
                     return;
                 }
                 State::Tool => {

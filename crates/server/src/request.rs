@@ -236,6 +236,8 @@ pub struct ToolPlan {
     pub forced_name: Option<String>,
     /// The names of the offered tools: a call to any other is not a call.
     pub names: Vec<String>,
+    /// The template writes calls in Qwen3-Coder's XML format.
+    pub xml: bool,
 }
 
 /// Check `tools` and `tool_choice`.
@@ -266,6 +268,7 @@ pub fn tool_plan(
         forced_prefix: String::new(),
         forced_name: None,
         names: Vec::new(),
+        xml: false,
     };
     let schemas = || serde_json::to_value(tools).ok();
     let mode = match choice {
@@ -288,6 +291,7 @@ pub fn tool_plan(
                 forced_prefix: format!("<tool_call>\n{{\"name\": {name}, \"arguments\": "),
                 forced_name: Some(n.function.name.clone()),
                 names,
+                xml: false,
             });
         }
     };
@@ -300,6 +304,7 @@ pub fn tool_plan(
             forced_prefix: String::new(),
             forced_name: None,
             names,
+            xml: false,
         }),
         "required" if tools.is_empty() => Err(ApiError::invalid(
             "tool_choice",
@@ -311,6 +316,7 @@ pub fn tool_plan(
             forced_prefix: "<tool_call>\n".into(),
             forced_name: None,
             names,
+            xml: false,
         }),
         other => Err(ApiError::invalid(
             "tool_choice",
@@ -320,6 +326,16 @@ pub fn tool_plan(
 }
 
 impl ToolPlan {
+    /// For a template that asks for Qwen3-Coder's XML calls: a named
+    /// `tool_choice` starts the answer with `<tool_call>\n<function=NAME>\n`.
+    pub fn in_xml_format(mut self) -> ToolPlan {
+        if let Some(name) = &self.forced_name {
+            self.forced_prefix = format!("<tool_call>\n<function={name}>\n");
+        }
+        self.xml = true;
+        self
+    }
+
     /// The grammar of the output: a call of an offered tool with valid
     /// arguments when `tool_choice` forces one, else what `response_format`
     /// or `grammar` in `body` ask for. `grammar` with a forced call is a 400.
@@ -337,6 +353,12 @@ impl ToolPlan {
                 "grammar",
                 "`grammar` cannot be combined with a `tool_choice` that forces a call",
             ));
+        }
+        if self.xml {
+            // XML calls are forced by the prefix only: their string values
+            // are raw text up to a closing tag, which the JSON-schema
+            // grammars do not describe.
+            return Ok(None);
         }
         let tools = tools.as_deref().unwrap_or(&[]);
         crate::constrain::tool_call_grammar(tools, self.forced_name.as_deref()).map(Some)

@@ -280,7 +280,14 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         &mut g.sampler,
     )?;
     let messages = request::chat_messages(&req.messages)?;
-    let plan = request::tool_plan(&req.tools, &req.tool_choice)?;
+    let xml = s
+        .template
+        .as_ref()
+        .is_some_and(|t| t.tool_call_format() == redlite_tokenizer::ToolCallFormat::Xml);
+    let mut plan = request::tool_plan(&req.tools, &req.tool_choice)?;
+    if xml {
+        plan = plan.in_xml_format();
+    }
     g.grammar = plan.grammar(&req.tools, &v)?;
     let constrained = g.grammar.is_some();
     let enable_thinking = match req
@@ -344,7 +351,20 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         created: stream::now_secs(),
         model: s.model_id.clone(),
     };
-    let parser = ChatParser::new(plan.parse, think, p.in_think).with_tool_names(plan.names.clone());
+    let mut parser =
+        ChatParser::new(plan.parse, think, p.in_think).with_tool_names(plan.names.clone());
+    if xml {
+        let schemas = req
+            .tools
+            .iter()
+            .flatten()
+            .map(|t| {
+                let params = t.function.parameters.clone().unwrap_or_default();
+                (t.function.name.clone(), params)
+            })
+            .collect();
+        parser = parser.with_xml_calls(schemas);
+    }
     if g.stream {
         let chunker = ChatChunker::new(meta.clone(), parser, p.prefix, g.include_usage);
         let chunker = crate::extra::stream_chunker(
