@@ -185,3 +185,53 @@ fn bytes_split_anywhere_in_a_character() {
     assert!(m.advance(&[0xc3]).unwrap());
     assert!(!m.advance(b"a").unwrap(), "a continuation byte is due");
 }
+
+/// Mutated grammars (characters inserted, deleted, swapped, multi-byte ones
+/// included) never panic: each parses or is an error, and a grammar that
+/// parses runs over random bytes without panicking.
+#[test]
+fn mutated_grammars_parse_or_fail_cleanly() {
+    let seeds = [
+        "root ::= \"{\" ws (pair (\",\" ws pair)*)? \"}\"\npair ::= [a-z]+ \":\" ws [0-9]{1,3}\nws ::= [ \\t\\n]*",
+        "root ::= (\"a\" | [^\"\\\\] | \"\\x41\\u00e9\")+ . \"é\"{2,} # c\n",
+        &redlite_grammar::schema::json_object_grammar(),
+    ];
+    let alphabet: Vec<char> = "ab:=|()[]{}*+?.\"\\^-,#\n 0129xué中😀".chars().collect();
+    let mut state = 0x1234_5678_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut parsed = 0;
+    for seed in seeds {
+        for _ in 0..400 {
+            let mut chars: Vec<char> = seed.chars().collect();
+            for _ in 0..(1 + next() % 4) {
+                let at = (next() % (chars.len() as u64 + 1)) as usize;
+                match next() % 3 {
+                    0 => chars.insert(at, alphabet[(next() % alphabet.len() as u64) as usize]),
+                    1 if at < chars.len() => {
+                        chars.remove(at);
+                    }
+                    _ if at < chars.len() => {
+                        chars[at] = alphabet[(next() % alphabet.len() as u64) as usize]
+                    }
+                    _ => {}
+                }
+            }
+            let text: String = chars.into_iter().collect();
+            if let Ok(gr) = gbnf::parse(&text) {
+                parsed += 1;
+                let bytes: Vec<u8> = (0..32).map(|_| next() as u8).collect();
+                if let Ok(mut m) = Matcher::new(Arc::new(gr)) {
+                    for b in bytes {
+                        let _ = m.advance(&[b]);
+                    }
+                }
+            }
+        }
+    }
+    assert!(parsed > 50, "some mutations stay valid: {parsed}");
+}
