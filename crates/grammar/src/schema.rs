@@ -156,6 +156,12 @@ impl SchemaGrammar {
         self.visit(doc, schema, "", hint)
     }
 
+    /// Add a rule under exactly `name` (the caller keeps names unique;
+    /// `s-…` names are this builder's).
+    pub fn add_raw_rule(&mut self, name: String, body: String) {
+        self.rule(name, body);
+    }
+
     /// Add a raw rule (GBNF body text).
     pub fn add_rule(&mut self, hint: &str, body: String) -> String {
         let n = self.name(hint);

@@ -354,13 +354,11 @@ impl ToolPlan {
                 "`grammar` cannot be combined with a `tool_choice` that forces a call",
             ));
         }
-        if self.xml {
-            // XML calls are forced by the prefix only: their string values
-            // are raw text up to a closing tag, which the JSON-schema
-            // grammars do not describe.
-            return Ok(None);
-        }
         let tools = tools.as_deref().unwrap_or(&[]);
+        if self.xml {
+            return crate::constrain::xml_tool_call_grammar(tools, self.forced_name.as_deref())
+                .map(Some);
+        }
         crate::constrain::tool_call_grammar(tools, self.forced_name.as_deref()).map(Some)
     }
 }

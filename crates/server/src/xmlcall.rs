@@ -13,10 +13,11 @@
 //! A value is raw text (a whole file survives as written: only the one
 //! newline after the opening tag and before the closing one are layout).
 //! The arguments become a JSON object with each value converted by the
-//! tool's parameter schema: a `string` parameter (or one the schema does not
-//! list) stays a string, any other type is read as JSON when it parses
-//! (`42`, `true`, `[1, 2]`, `{"a": 1}`; booleans also as Python's `True` /
-//! `False`, which the template writes), else kept as a string.
+//! tool's parameter schema: a `string` parameter (or a string enum, or one
+//! without a type or not in the schema) stays a string, any other is read as
+//! JSON when it parses (`42`, `true`, `[1, 2]`, `{"a": 1}`; booleans also as
+//! Python's `True` / `False`, which the template writes), else kept as a
+//! string.
 
 use serde_json::{Map, Value};
 
@@ -39,31 +40,48 @@ pub fn function_header(buf: &str) -> Option<(String, usize)> {
     Some((name, skipped + FUNCTION_OPEN.len() + end + 1))
 }
 
-/// The declared JSON type of parameter `name` in `schema` (`None`: not
-/// declared, or no single type).
-fn declared_type<'a>(schema: Option<&'a Value>, name: &str) -> Option<&'a str> {
-    let t = schema?.get("properties")?.get(name)?.get("type")?;
-    match t {
-        Value::String(s) => Some(s),
-        // ["integer", "null"]: the first non-null type decides.
-        Value::Array(a) => a.iter().filter_map(Value::as_str).find(|s| *s != "null"),
-        _ => None,
+/// Whether a parameter's value is written as raw text (a string, or a
+/// parameter without a type or not in the schema) rather than as JSON.
+pub fn is_raw_text(schema: Option<&Value>) -> bool {
+    let Some(s) = schema else { return true };
+    if ["$ref", "anyOf", "oneOf", "allOf"]
+        .iter()
+        .any(|k| s.get(*k).is_some())
+    {
+        return false;
+    }
+    if let Some(e) = s.get("enum") {
+        return e.as_array().is_some_and(|a| a.iter().all(Value::is_string));
+    }
+    if let Some(c) = s.get("const") {
+        return c.is_string();
+    }
+    match s.get("type") {
+        None => true,
+        Some(Value::String(t)) => t == "string",
+        Some(Value::Array(a)) => a.iter().all(|t| t == "string"),
+        Some(_) => false,
     }
 }
 
-fn convert(value: &str, ty: Option<&str>) -> Value {
-    match ty {
-        None | Some("string") => Value::String(value.to_string()),
+fn convert(value: &str, schema: Option<&Value>) -> Value {
+    if is_raw_text(schema) {
+        return Value::String(value.to_string());
+    }
+    let is_bool = schema.and_then(|s| s.get("type")).is_some_and(|t| {
+        t == "boolean"
+            || t.as_array()
+                .is_some_and(|a| a.iter().any(|x| x == "boolean"))
+    });
+    if is_bool {
         // The template renders Python's `True` / `False` (its `| string`).
-        Some("boolean") => match value.trim().to_ascii_lowercase().as_str() {
-            "true" => Value::Bool(true),
-            "false" => Value::Bool(false),
-            _ => Value::String(value.to_string()),
-        },
-        Some(_) => {
-            serde_json::from_str(value.trim()).unwrap_or_else(|_| Value::String(value.to_string()))
+        match value.trim() {
+            "True" => return Value::Bool(true),
+            "False" => return Value::Bool(false),
+            _ => {}
         }
     }
+    serde_json::from_str(value.trim()).unwrap_or_else(|_| Value::String(value.to_string()))
 }
 
 /// Where a value ends: the first `</parameter>` followed (after
@@ -107,7 +125,10 @@ pub fn arguments_json(body: &str, schema: Option<&Value>) -> String {
         let mut value = &v[..end];
         value = value.strip_prefix('\n').unwrap_or(value);
         value = value.strip_suffix('\n').unwrap_or(value);
-        args.insert(name.clone(), convert(value, declared_type(schema, &name)));
+        let param = schema
+            .and_then(|s| s.get("properties"))
+            .and_then(|p| p.get(&name));
+        args.insert(name.clone(), convert(value, param));
         rest = &v[next..];
     }
     Value::Object(args).to_string()
