@@ -3,6 +3,7 @@
 #[cfg(feature = "cuda")]
 pub mod cudabench;
 pub mod generate;
+pub mod grammarbench;
 pub mod inspect;
 pub mod limits;
 pub mod memory;

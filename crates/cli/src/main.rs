@@ -114,6 +114,8 @@ enum BenchCommand {
         #[arg(long, default_value_t = 5)]
         passes: usize,
     },
+    /// Per-token cost of a JSON-schema grammar's token mask over a model's vocabulary.
+    Grammar(redlite_cli::grammarbench::GrammarBenchArgs),
     /// Prompt and decode tok/s of a whole model, printed like llama-bench (pp512, tg64@d4096, ...).
     Model(Box<modelbench::ModelBenchArgs>),
     /// CUDA kernels: GB/s per kernel and shape against the measured device copy bandwidth.
@@ -235,6 +237,9 @@ fn run(mut cli: Cli) -> Result<()> {
         Command::Bench {
             what: BenchCommand::Model(args),
         } => modelbench::run(*args)?,
+        Command::Bench {
+            what: BenchCommand::Grammar(args),
+        } => redlite_cli::grammarbench::run(args)?,
         Command::Bench {
             what:
                 BenchCommand::Quant {

@@ -223,8 +223,29 @@ impl Sampler {
             return argmax(logits) as u32;
         }
         let l = c.adjusted_logits(logits, history);
+        self.choose(&l)
+    }
+
+    /// Pick a token after `mask` has edited the adjusted logits (constrained
+    /// decoding sets the logits of disallowed tokens to -inf); the same
+    /// choice as [`sample`](Self::sample) otherwise, greedy or sampled.
+    pub fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        mask: impl FnOnce(&mut [f32]),
+    ) -> u32 {
+        let mut l = self.cfg.adjusted_logits(logits, history);
+        mask(&mut l);
+        self.choose(&l)
+    }
+
+    /// The choice from adjusted logits: greedy, or temperature with top-k,
+    /// min-p and top-p.
+    fn choose(&mut self, l: &[f32]) -> u32 {
+        let c = &self.cfg;
         if c.temperature <= 0.0 || l.len() <= 1 {
-            return argmax(&l) as u32;
+            return argmax(l) as u32;
         }
         // Candidates sorted by logit, descending.
         let mut cand: Vec<(usize, f32)> = l.iter().copied().enumerate().collect();
@@ -396,6 +417,36 @@ mod tests {
         });
         // Token 1 outside the window: it wins.
         assert_eq!(s.sample(&logits, &[1, 1, 1, 2]), 1);
+    }
+
+    #[test]
+    fn a_mask_of_minus_infinity_is_never_picked_greedy_or_sampled() {
+        let logits = [0.1f32, 3.0, 2.9, -1.0];
+        let mask = |l: &mut [f32]| {
+            l[1] = f32::NEG_INFINITY;
+            l[2] = f32::NEG_INFINITY;
+        };
+        assert_eq!(Sampler::greedy().sample_masked(&logits, &[], mask), 0);
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.5,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.0,
+            seed: 3,
+            ..Default::default()
+        });
+        let picks: Vec<u32> = (0..300)
+            .map(|_| s.sample_masked(&logits, &[], mask))
+            .collect();
+        assert!(picks.iter().all(|&t| t == 0 || t == 3), "{picks:?}");
+        assert!(picks.contains(&3) && picks.contains(&0));
+        // Without a mask the same sampler still explores all four.
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.5,
+            seed: 3,
+            ..Default::default()
+        });
+        assert!((0..300).any(|_| s.sample_masked(&logits, &[], |_| {}) == 1));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 use crate::metrics::Metrics;
 use crate::stop::StopMatcher;
+use redlite_grammar::{Constraint, Grammar, GrammarError, Vocab};
 use redlite_model::sample::{Sampler, SamplerConfig};
 use redlite_model::sequence::{Checkpoint as State, Sequence};
 use redlite_model::Logits;
@@ -76,6 +77,18 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
     /// `Some(k)`: report each token's log-probability and the top `k`.
     pub logprobs: Option<usize>,
+    /// Constrained decoding: only tokens that keep this grammar alive are
+    /// sampled, and end-of-generation only once it is complete.
+    pub grammar: Option<Arc<Grammar>>,
+}
+
+/// Why a job failed.
+#[derive(Debug, thiserror::Error)]
+enum JobError {
+    #[error(transparent)]
+    Model(#[from] redlite_model::ModelError),
+    #[error("constrained decoding: {0}")]
+    Grammar(#[from] GrammarError),
 }
 
 /// How the engine runs.
@@ -188,6 +201,9 @@ struct Engine {
     disk: Option<crate::statedir::StateDir>,
     /// The end-of-turn checkpoint to write once the answer is sent.
     to_persist: Option<Vec<u32>>,
+    /// The vocabulary as the grammar engine reads it, built on the first
+    /// constrained job.
+    vocab: Option<Arc<Vocab>>,
 }
 
 impl Engine {
@@ -207,7 +223,15 @@ impl Engine {
             clock: 0,
             disk: None,
             to_persist: None,
+            vocab: None,
         }
+    }
+
+    fn vocab(&mut self) -> Arc<Vocab> {
+        let tok = &self.tok;
+        self.vocab
+            .get_or_insert_with(|| Arc::new(crate::constrain::vocab_for(tok)))
+            .clone()
     }
 
     /// The checkpoint to start `prompt` from: the longest whose tokens are a
@@ -391,7 +415,7 @@ impl Engine {
     }
 
     /// Run one job; `Ok(None)` when it was cancelled.
-    fn generate(&mut self, job: Job) -> Result<Option<Done>, redlite_model::ModelError> {
+    fn generate(&mut self, job: Job) -> Result<Option<Done>, JobError> {
         let t0 = Instant::now();
         let prompt = &job.prompt;
         if self.cfg.prompt_cache {
@@ -428,6 +452,10 @@ impl Engine {
             self.save_checkpoint(prompt.clone(), logits.clone())?;
         }
 
+        let mut constraint = match &job.grammar {
+            Some(g) => Some(Constraint::new(g.clone(), self.vocab())?),
+            None => None,
+        };
         let mut sampler = Sampler::new(job.sampler.clone());
         let mut history = prompt.clone();
         let mut decoder = self.tok.stream_decoder();
@@ -444,7 +472,21 @@ impl Engine {
                 cancelled = true;
                 break;
             }
-            let next = sampler.sample(&logits, &history);
+            let next = match constraint.as_mut() {
+                None => sampler.sample(&logits, &history),
+                Some(c) => {
+                    let mut masked = Ok(());
+                    let next = sampler.sample_masked(&logits, &history, |l| masked = c.apply(l));
+                    masked?;
+                    if !c.accept_token(next)? {
+                        return Err(GrammarError::Invalid(format!(
+                            "the sampler chose token {next}, which the grammar refuses"
+                        ))
+                        .into());
+                    }
+                    next
+                }
+            };
             if self.tok.is_eog(next) {
                 finish = Finish::Stop;
                 break;
@@ -470,6 +512,12 @@ impl Engine {
                 break;
             }
             if stopped {
+                finish = Finish::Stop;
+                break;
+            }
+            // A finished grammar allows only end-of-generation: stop here
+            // rather than compute a token whose choice is made.
+            if constraint.as_ref().is_some_and(|c| c.is_finished()) {
                 finish = Finish::Stop;
                 break;
             }
@@ -616,6 +664,7 @@ mod tests {
             stop: Vec::new(),
             events: tx,
             logprobs: None,
+            grammar: None,
         }));
         loop {
             match rx.blocking_recv().expect("the engine answers") {
@@ -686,6 +735,43 @@ mod tests {
             "only the new tokens computed"
         );
         drop(h);
+    }
+
+    #[test]
+    fn a_grammar_constrains_the_output_and_ends_it() {
+        let (h, _) = start_double(true);
+        // The double prefers token 100 + pos % 7 whatever the grammar says;
+        // the output must still be a sentence of the grammar, ended by it.
+        let text = r#"root ::= "{\"ok\": " ("true" | "false") "}""#;
+        let g = Arc::new(redlite_grammar::gbnf::parse(text).unwrap());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        assert!(h.submit(Job {
+            prompt: vec![1, 2, 3],
+            max_tokens: 64,
+            sampler: SamplerConfig {
+                temperature: 1.0,
+                seed: 9,
+                ..SamplerConfig::default()
+            },
+            stop: Vec::new(),
+            events: tx,
+            logprobs: None,
+            grammar: Some(g.clone()),
+        }));
+        let mut out = String::new();
+        let done = loop {
+            match rx.blocking_recv().expect("the engine answers") {
+                Event::Done(d) => break d,
+                Event::Error(e) => panic!("{e}"),
+                Event::Text(t) => out.push_str(&t),
+            }
+        };
+        assert_eq!(done.finish, Finish::Stop, "{out:?}");
+        assert!(
+            redlite_grammar::Matcher::matches(&g, &out).unwrap(),
+            "{out:?}"
+        );
+        assert!(serde_json::from_str::<serde_json::Value>(&out).is_ok());
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! ```
 
 pub mod api;
+pub mod constrain;
 pub mod engine;
 pub mod error;
 pub mod extra;
@@ -27,6 +28,7 @@ pub mod routes;
 pub mod statedir;
 pub mod stop;
 pub mod stream;
+pub mod xmlcall;
 
 pub use error::{ApiError, ServerError};
 pub use routes::{router, AppState};

@@ -60,6 +60,15 @@ pub struct ChatParser {
     fenced: bool,
     /// Drop a closing code fence that may follow.
     skip_fence: bool,
+    /// The offered tools: a block calling another name stays text.
+    names: Option<Vec<String>>,
+    /// The current block names a tool that was not offered.
+    rejected: bool,
+    /// Calls are Qwen3-Coder's XML; each tool's `parameters` schema types
+    /// its arguments.
+    xml: Option<Vec<(String, serde_json::Value)>>,
+    /// The name of the XML call being read.
+    xml_name: String,
 }
 
 impl ChatParser {
@@ -83,7 +92,77 @@ impl ChatParser {
             bare: false,
             fenced: false,
             skip_fence: false,
+            names: None,
+            rejected: false,
+            xml: None,
+            xml_name: String::new(),
         }
+    }
+
+    /// Read calls in Qwen3-Coder's XML format (see [`crate::xmlcall`]);
+    /// `schemas`: (tool name, `parameters`) to type the arguments by.
+    pub fn with_xml_calls(mut self, schemas: Vec<(String, serde_json::Value)>) -> ChatParser {
+        self.xml = Some(schemas);
+        self
+    }
+
+    /// An XML call block: the name once `<function=NAME>` is complete, the
+    /// arguments as one JSON text when the block closes. `true`: go on
+    /// draining.
+    fn drain_xml(&mut self, out: &mut Vec<Parsed>, last: bool) -> bool {
+        if self.args_start.is_none() && !self.rejected {
+            if let Some((name, end)) = crate::xmlcall::function_header(&self.buf) {
+                if self.offered(&name) {
+                    out.push(Parsed::ToolCallStart {
+                        index: self.calls,
+                        name: name.clone(),
+                    });
+                    self.calls += 1;
+                    self.args_start = Some(end);
+                    self.xml_name = name;
+                } else {
+                    self.rejected = true;
+                }
+            }
+        }
+        let (end, next) = match self.buf.find(TOOL_CLOSE) {
+            Some(c) => (c, c + TOOL_CLOSE.len()),
+            None if last => (self.buf.len(), self.buf.len()),
+            None => return false,
+        };
+        match self.args_start {
+            Some(start) => {
+                let schema = self
+                    .xml
+                    .as_ref()
+                    .and_then(|s| s.iter().find(|(n, _)| *n == self.xml_name))
+                    .map(|(_, v)| v);
+                let args = crate::xmlcall::arguments_json(&self.buf[start..end], schema);
+                self.send_args(out, &args);
+            }
+            None => {
+                let close = if next > end { TOOL_CLOSE } else { "" };
+                let raw = format!("{TOOL_OPEN}{}{close}", &self.buf[..end]);
+                self.emit_text(out, &raw, false);
+            }
+        }
+        self.buf.drain(..next);
+        self.end_call();
+        !last || !self.buf.is_empty()
+    }
+
+    /// Only calls of these tools are calls; a block naming another tool is
+    /// returned as content (a model must not call what it was not given).
+    /// Empty: any name.
+    pub fn with_tool_names(mut self, names: Vec<String>) -> ChatParser {
+        self.names = (!names.is_empty()).then_some(names);
+        self
+    }
+
+    fn offered(&self, name: &str) -> bool {
+        self.names
+            .as_ref()
+            .is_none_or(|n| n.iter().any(|x| x == name))
     }
 
     /// Tool calls started so far.
@@ -221,15 +300,25 @@ impl ChatParser {
                     self.emit_text(out, &text, true);
                     return;
                 }
+                State::Tool if self.xml.is_some() && !self.bare => {
+                    if self.drain_xml(out, last) {
+                        continue;
+                    }
+                    return;
+                }
                 State::Tool => {
-                    if self.args_start.is_none() {
+                    if self.args_start.is_none() && !self.rejected {
                         if let Some((name, end)) = call_header(&self.buf) {
-                            out.push(Parsed::ToolCallStart {
-                                index: self.calls,
-                                name,
-                            });
-                            self.calls += 1;
-                            self.args_start = Some(end);
+                            if self.offered(&name) {
+                                out.push(Parsed::ToolCallStart {
+                                    index: self.calls,
+                                    name,
+                                });
+                                self.calls += 1;
+                                self.args_start = Some(end);
+                            } else {
+                                self.rejected = true;
+                            }
                         }
                     }
                     // Where the block's text ends, and where what follows begins.
@@ -251,7 +340,9 @@ impl ChatParser {
                             // whole block as JSON, else give it back as text.
                             let inner = self.buf[..end].to_string();
                             self.buf.drain(..next);
-                            match whole_call(&inner) {
+                            let call = whole_call(&inner)
+                                .filter(|(name, _)| !self.rejected && self.offered(name));
+                            match call {
                                 Some((name, args)) => {
                                     out.push(Parsed::ToolCallStart {
                                         index: self.calls,
@@ -319,6 +410,7 @@ impl ChatParser {
     }
 
     fn end_call(&mut self) {
+        self.rejected = false;
         self.state = State::Content;
         self.args_start = None;
         self.args_sent = 0;
@@ -556,200 +648,4 @@ impl Collected {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse_split(text: &str, split: usize, tools: bool, think: bool) -> Collected {
-        let mut p = ChatParser::new(tools, think, false);
-        let mut c = Collected::default();
-        let chars: Vec<char> = text.chars().collect();
-        for chunk in chars.chunks(split.max(1)) {
-            c.add(p.push(&chunk.iter().collect::<String>()));
-        }
-        c.add(p.finish());
-        c
-    }
-
-    /// The same result for every way of splitting the text.
-    fn parse_all(text: &str, tools: bool, think: bool) -> Collected {
-        let whole = parse_split(text, usize::MAX, tools, think);
-        for split in 1..12 {
-            assert_eq!(
-                parse_split(text, split, tools, think),
-                whole,
-                "split {split}"
-            );
-        }
-        whole
-    }
-
-    #[test]
-    fn plain_text_passes_through() {
-        let c = parse_all("Hello, <b>world</b> < x", true, true);
-        assert_eq!(c.content, "Hello, <b>world</b> < x");
-        assert!(c.calls.is_empty());
-    }
-
-    #[test]
-    fn qwen_tool_call() {
-        let text = "I'll check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": {\"c\": true}}}\n</tool_call>";
-        let c = parse_all(text, true, true);
-        assert_eq!(c.content, "I'll check.");
-        assert_eq!(c.calls.len(), 1);
-        assert_eq!(c.calls[0].0, "get_weather");
-        let args: serde_json::Value = serde_json::from_str(&c.calls[0].1).unwrap();
-        assert_eq!(
-            args,
-            serde_json::json!({"city": "Paris", "unit": {"c": true}})
-        );
-    }
-
-    #[test]
-    fn two_calls_and_no_content() {
-        let text = "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": \"}\"}}\n</tool_call>";
-        let c = parse_all(text, true, false);
-        assert_eq!(c.content, "");
-        assert_eq!(
-            c.calls,
-            vec![
-                ("a".to_string(), "{}".to_string()),
-                ("b".to_string(), "{\"x\": \"}\"}".to_string())
-            ]
-        );
-    }
-
-    #[test]
-    fn name_comes_before_arguments_when_streamed() {
-        let mut p = ChatParser::new(true, false, false);
-        let mut events = Vec::new();
-        for piece in [
-            "<tool_call>\n{\"name\": \"f",
-            "oo\", \"arguments\": {\"q\"",
-            ": 1}}\n</tool",
-            "_call>",
-        ] {
-            events.extend(p.push(piece));
-        }
-        events.extend(p.finish());
-        assert_eq!(
-            events[0],
-            Parsed::ToolCallStart {
-                index: 0,
-                name: "foo".into()
-            }
-        );
-        let args: String = events[1..]
-            .iter()
-            .map(|e| match e {
-                Parsed::ToolCallArgs { index: 0, text } => text.clone(),
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(args, "{\"q\": 1}");
-        assert!(events.len() >= 3, "arguments came in more than one chunk");
-    }
-
-    #[test]
-    fn arguments_first_or_string_arguments() {
-        let c = parse_all(
-            "<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"f\"}</tool_call>",
-            true,
-            false,
-        );
-        assert_eq!(c.calls, vec![("f".into(), "{\"a\":1}".into())]);
-    }
-
-    #[test]
-    fn broken_call_is_text() {
-        let c = parse_all("<tool_call>not json</tool_call> ok", true, false);
-        assert_eq!(c.content, "<tool_call>not json</tool_call>ok");
-        assert!(c.calls.is_empty());
-        let c = parse_all("x <tool_call>{\"na", true, false);
-        assert_eq!(c.content, "x<tool_call>{\"na");
-    }
-
-    #[test]
-    fn tools_off_leaves_tags() {
-        let t = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
-        assert_eq!(parse_all(t, false, true).content, t);
-    }
-
-    #[test]
-    fn thinking_is_reasoning() {
-        let c = parse_all("<think>\nLet me see.\n</think>\n\nIt is 4.", false, true);
-        assert_eq!(c.reasoning, "Let me see.");
-        assert_eq!(c.content, "It is 4.");
-        // The template opened the block already.
-        let mut p = ChatParser::new(false, true, true);
-        let mut c = Collected::default();
-        c.add(p.push("\nhmm</th"));
-        c.add(p.push("ink>\n\nyes"));
-        c.add(p.finish());
-        assert_eq!(c.reasoning, "hmm");
-        assert_eq!(c.content, "yes");
-    }
-
-    #[test]
-    fn think_then_tool_call() {
-        let c = parse_all(
-            "<think>need weather</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"Oslo\"}}\n</tool_call>",
-            true,
-            true,
-        );
-        assert_eq!(c.reasoning, "need weather");
-        assert_eq!(c.content, "");
-        assert_eq!(c.calls, vec![("w".into(), "{\"c\": \"Oslo\"}".into())]);
-    }
-
-    #[test]
-    fn bare_json_call_at_the_start() {
-        let c = parse_all(
-            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
-            true,
-            false,
-        );
-        assert_eq!(c.content, "");
-        assert_eq!(
-            c.calls,
-            vec![("get_weather".into(), "{\"city\": \"Paris\"}".into())]
-        );
-        // In a code fence, as the 0.5B demo model writes it.
-        let c = parse_all(
-            "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\n    \"city\": \"Paris\"\n  }\n}\n```",
-            true,
-            false,
-        );
-        assert_eq!(c.content, "");
-        assert_eq!(c.calls.len(), 1);
-        let args: serde_json::Value = serde_json::from_str(&c.calls[0].1).unwrap();
-        assert_eq!(args, serde_json::json!({"city": "Paris"}));
-    }
-
-    #[test]
-    fn json_that_is_not_a_call_stays_content() {
-        for t in [
-            "```python\nprint({\"name\": 1})\n```",
-            "{\"answer\": 42}",
-            "Sure: {\"name\": \"x\", \"arguments\": {}}",
-            "`x`",
-            " ",
-        ] {
-            let c = parse_all(t, true, false);
-            assert_eq!(c.content, t, "{t}");
-            assert!(c.calls.is_empty(), "{t}");
-        }
-        // Without tools nothing is a call.
-        let t = "{\"name\": \"f\", \"arguments\": {}}";
-        assert_eq!(parse_all(t, false, false).content, t);
-    }
-
-    #[test]
-    fn unclosed_call_at_end_keeps_arguments() {
-        let c = parse_all(
-            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
-            true,
-            false,
-        );
-        assert_eq!(c.calls, vec![("f".into(), "{\"a\": 1}".into())]);
-    }
-}
+mod tests;

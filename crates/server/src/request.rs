@@ -22,6 +22,9 @@ pub struct GenParams {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Constrained decoding (`response_format`, `grammar`, a forced tool
+    /// call); set by the endpoint after [`gen_params`].
+    pub grammar: Option<std::sync::Arc<redlite_grammar::Grammar>>,
 }
 
 impl GenParams {
@@ -98,6 +101,7 @@ pub fn gen_params(s: &SamplingFields, _limits: &Limits) -> Result<GenParams, Api
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        grammar: None,
     })
 }
 
@@ -228,6 +232,12 @@ pub struct ToolPlan {
     /// Text appended to the prompt to force a call (`required` or a named
     /// function); the parser reads it as the answer's start.
     pub forced_prefix: String,
+    /// The function `tool_choice` names, if it names one.
+    pub forced_name: Option<String>,
+    /// The names of the offered tools: a call to any other is not a call.
+    pub names: Vec<String>,
+    /// The template writes calls in Qwen3-Coder's XML format.
+    pub xml: bool,
 }
 
 /// Check `tools` and `tool_choice`.
@@ -250,10 +260,15 @@ pub fn tool_plan(
             ));
         }
     }
+    crate::constrain::check_tool_parameters(tools)?;
+    let names: Vec<String> = tools.iter().map(|t| t.function.name.clone()).collect();
     let none = ToolPlan {
         tools: None,
         parse: false,
         forced_prefix: String::new(),
+        forced_name: None,
+        names: Vec::new(),
+        xml: false,
     };
     let schemas = || serde_json::to_value(tools).ok();
     let mode = match choice {
@@ -274,6 +289,9 @@ pub fn tool_plan(
                 tools: schemas(),
                 parse: true,
                 forced_prefix: format!("<tool_call>\n{{\"name\": {name}, \"arguments\": "),
+                forced_name: Some(n.function.name.clone()),
+                names,
+                xml: false,
             });
         }
     };
@@ -284,6 +302,9 @@ pub fn tool_plan(
             tools: schemas(),
             parse: true,
             forced_prefix: String::new(),
+            forced_name: None,
+            names,
+            xml: false,
         }),
         "required" if tools.is_empty() => Err(ApiError::invalid(
             "tool_choice",
@@ -293,11 +314,52 @@ pub fn tool_plan(
             tools: schemas(),
             parse: true,
             forced_prefix: "<tool_call>\n".into(),
+            forced_name: None,
+            names,
+            xml: false,
         }),
         other => Err(ApiError::invalid(
             "tool_choice",
             format!("tool_choice must be `none`, `auto`, `required` or a function, got `{other}`"),
         )),
+    }
+}
+
+impl ToolPlan {
+    /// For a template that asks for Qwen3-Coder's XML calls: a named
+    /// `tool_choice` starts the answer with `<tool_call>\n<function=NAME>\n`.
+    pub fn in_xml_format(mut self) -> ToolPlan {
+        if let Some(name) = &self.forced_name {
+            self.forced_prefix = format!("<tool_call>\n<function={name}>\n");
+        }
+        self.xml = true;
+        self
+    }
+
+    /// The grammar of the output: a call of an offered tool with valid
+    /// arguments when `tool_choice` forces one, else what `response_format`
+    /// or `grammar` in `body` ask for. `grammar` with a forced call is a 400.
+    pub fn grammar(
+        &self,
+        tools: &Option<Vec<Tool>>,
+        body: &serde_json::Value,
+    ) -> Result<Option<std::sync::Arc<redlite_grammar::Grammar>>, ApiError> {
+        let output = crate::constrain::output_grammar(body)?;
+        if self.forced_prefix.is_empty() {
+            return Ok(output);
+        }
+        if body.get("grammar").is_some_and(|g| !g.is_null()) {
+            return Err(ApiError::invalid(
+                "grammar",
+                "`grammar` cannot be combined with a `tool_choice` that forces a call",
+            ));
+        }
+        let tools = tools.as_deref().unwrap_or(&[]);
+        if self.xml {
+            return crate::constrain::xml_tool_call_grammar(tools, self.forced_name.as_deref())
+                .map(Some);
+        }
+        crate::constrain::tool_call_grammar(tools, self.forced_name.as_deref()).map(Some)
     }
 }
 
@@ -502,6 +564,39 @@ mod tests {
         assert_eq!(
             param(tool_plan(&tools, &Some(ToolChoice::Mode("sometimes".into()))).unwrap_err()),
             "tool_choice"
+        );
+    }
+
+    #[test]
+    fn forced_calls_take_a_tool_grammar_and_refuse_a_user_grammar() {
+        let tools: Option<Vec<Tool>> = serde_json::from_value(json!([
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+        ]))
+        .unwrap();
+        let req = tool_plan(&tools, &Some(ToolChoice::Mode("required".into()))).unwrap();
+        let g = req.grammar(&tools, &json!({})).unwrap().unwrap();
+        let ok = "{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+        assert!(redlite_grammar::Matcher::matches(&g, ok).unwrap());
+        assert_eq!(
+            param(
+                req.grammar(&tools, &json!({"grammar": "root ::= \"a\""}))
+                    .unwrap_err()
+            ),
+            "grammar"
+        );
+        let auto = tool_plan(&tools, &None).unwrap();
+        assert!(auto.grammar(&tools, &json!({})).unwrap().is_none());
+        assert!(auto
+            .grammar(&tools, &json!({"response_format": {"type": "json_object"}}))
+            .unwrap()
+            .is_some());
+        let bad: Option<Vec<Tool>> = serde_json::from_value(json!([
+            {"type": "function", "function": {"name": "f", "parameters": "x"}}
+        ]))
+        .unwrap();
+        assert_eq!(
+            param(tool_plan(&bad, &None).unwrap_err()),
+            "tools[0].function.parameters"
         );
     }
 

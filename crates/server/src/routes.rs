@@ -240,6 +240,7 @@ fn submit(
         stop: g.stop.clone(),
         events: tx,
         logprobs,
+        grammar: g.grammar.clone(),
     };
     if !s.engine.submit(job) {
         return Err(ApiError::Internal("the engine thread stopped".into()));
@@ -279,7 +280,16 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         &mut g.sampler,
     )?;
     let messages = request::chat_messages(&req.messages)?;
-    let plan = request::tool_plan(&req.tools, &req.tool_choice)?;
+    let xml = s
+        .template
+        .as_ref()
+        .is_some_and(|t| t.tool_call_format() == redlite_tokenizer::ToolCallFormat::Xml);
+    let mut plan = request::tool_plan(&req.tools, &req.tool_choice)?;
+    if xml {
+        plan = plan.in_xml_format();
+    }
+    g.grammar = plan.grammar(&req.tools, &v)?;
+    let constrained = g.grammar.is_some();
     let enable_thinking = match req
         .chat_template_kwargs
         .as_ref()
@@ -317,7 +327,8 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         )
         .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
         let in_think = think && r.text.trim_end().ends_with("<think>");
-        let prefix = if in_think && !forced.is_empty() {
+        // Constrained output starts after the reasoning: close it.
+        let prefix = if in_think && (constrained || !forced.is_empty()) {
             format!("\n</think>\n\n{forced}")
         } else {
             forced
@@ -340,7 +351,20 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         created: stream::now_secs(),
         model: s.model_id.clone(),
     };
-    let parser = ChatParser::new(plan.parse, think, p.in_think);
+    let mut parser =
+        ChatParser::new(plan.parse, think, p.in_think).with_tool_names(plan.names.clone());
+    if xml {
+        let schemas = req
+            .tools
+            .iter()
+            .flatten()
+            .map(|t| {
+                let params = t.function.parameters.clone().unwrap_or_default();
+                (t.function.name.clone(), params)
+            })
+            .collect();
+        parser = parser.with_xml_calls(schemas);
+    }
     if g.stream {
         let chunker = ChatChunker::new(meta.clone(), parser, p.prefix, g.include_usage);
         let chunker = crate::extra::stream_chunker(
@@ -371,6 +395,7 @@ async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, Ap
         s.n_vocab.min(s.tokenizer.vocab_size()),
         &mut g.sampler,
     )?;
+    g.grammar = crate::constrain::output_grammar(&v)?;
     let tok = s.tokenizer.clone();
     let n_vocab = s.n_vocab;
     let ids = tokio::task::spawn_blocking(move || {

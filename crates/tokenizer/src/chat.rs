@@ -88,12 +88,40 @@ impl ChatMessage {
     }
 }
 
+/// How a template asks the model to write tool calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolCallFormat {
+    /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (Qwen2.5,
+    /// Qwen3, Hermes).
+    Json,
+    /// `<tool_call>\n<function=NAME>\n<parameter=ARG>\nVALUE\n</parameter>\n
+    /// </function>\n</tool_call>` (Qwen3-Coder, Qwen3-Coder-Next).
+    Xml,
+}
+
+impl ToolCallFormat {
+    /// The format a template's source asks for: XML when it writes
+    /// `<function=` and `<parameter=` tags (as llama.cpp tells the
+    /// Qwen3-Coder templates apart), else JSON.
+    pub fn detect(source: &str) -> ToolCallFormat {
+        if source.contains("<tool_call>")
+            && source.contains("<function=")
+            && source.contains("<parameter=")
+        {
+            ToolCallFormat::Xml
+        } else {
+            ToolCallFormat::Json
+        }
+    }
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
     max_output: usize,
+    tool_format: ToolCallFormat,
 }
 
 /// Template steps one render may take. The Qwen2 template of the
@@ -134,7 +162,13 @@ impl ChatTemplate {
             bos_token: String::new(),
             eos_token: String::new(),
             max_output: DEFAULT_MAX_OUTPUT,
+            tool_format: ToolCallFormat::detect(source),
         })
+    }
+
+    /// The tool-call syntax this template asks for.
+    pub fn tool_call_format(&self) -> ToolCallFormat {
+        self.tool_format
     }
 
     /// Set the render limits: template steps (`fuel`) and output bytes.

@@ -19,7 +19,8 @@ mod stream;
 mod tokenizer;
 
 pub use chat::{
-    ChatMessage, ChatTemplate, FunctionCall, ToolCall, DEFAULT_FUEL, DEFAULT_MAX_OUTPUT,
+    ChatMessage, ChatTemplate, FunctionCall, ToolCall, ToolCallFormat, DEFAULT_FUEL,
+    DEFAULT_MAX_OUTPUT,
 };
 pub use error::TokenizerError;
 pub use stream::StreamDecoder;
