@@ -46,6 +46,8 @@ pub struct Done {
     pub decode_secs: f64,
     /// One entry per generated token when the job asked for log-probabilities.
     pub logprobs: Vec<TokenLogprob>,
+    /// The stop string that ended the answer (Anthropic's `stop_sequence`).
+    pub stop_sequence: Option<String>,
 }
 
 /// A generated token's log-probability and the most likely alternatives
@@ -408,6 +410,7 @@ impl Engine {
             prompt_secs,
             decode_secs,
             logprobs,
+            stop_sequence: stop.matched().map(String::from),
         }))
     }
 }

@@ -200,6 +200,61 @@ impl Rendered {
     }
 }
 
+/// What the chat template produced for one request.
+pub(crate) struct ChatPrompt {
+    pub ids: Vec<u32>,
+    /// Text appended to force a tool call.
+    pub prefix: String,
+    /// The prompt ends inside an open `<think>` block.
+    pub in_think: bool,
+    /// The vocabulary has `<think>`: parse reasoning blocks.
+    pub think: bool,
+}
+
+/// Render and tokenize a conversation for any chat-shaped endpoint (chat
+/// completions, Responses, Messages), with `forced` appended to start a
+/// tool call (after closing a `<think>` block the template opened).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn build(
+    s: &crate::AppState,
+    template: std::sync::Arc<ChatTemplate>,
+    messages: Vec<ChatMessage>,
+    tools: Option<serde_json::Value>,
+    forced: String,
+    enable_thinking: Option<bool>,
+    parse_special: bool,
+) -> Result<ChatPrompt, crate::ApiError> {
+    let tok = s.tokenizer.clone();
+    let think = tok.token_to_id("<think>").is_some();
+    // Rendering and tokenizing take a while for long conversations.
+    tokio::task::spawn_blocking(move || {
+        let r = render(
+            &template,
+            &tok,
+            &messages,
+            tools.as_ref(),
+            enable_thinking,
+            parse_special,
+        )
+        .map_err(|e| crate::ApiError::invalid("messages", format!("chat template: {e}")))?;
+        let in_think = think && r.text.trim_end().ends_with("<think>");
+        let prefix = if in_think && !forced.is_empty() {
+            format!("\n</think>\n\n{forced}")
+        } else {
+            forced
+        };
+        let ids = r.encode(&tok, &prefix);
+        Ok(ChatPrompt {
+            ids,
+            prefix,
+            in_think,
+            think,
+        })
+    })
+    .await
+    .map_err(|e| crate::ApiError::Internal(e.to_string()))?
+}
+
 /// Whether the request opts in to control tokens in its text
 /// (`"parse_special": true`, an extension; llama-server parses them always).
 pub fn parse_special(v: &serde_json::Value) -> Result<bool, crate::ApiError> {

@@ -169,7 +169,7 @@ async fn metrics(State(s): State<Shared>) -> Response {
 /// Read a request body of at most `limit` bytes. A larger one is still read
 /// (and dropped) up to [`DRAIN_CAP`] before the 413, so a client that is
 /// still sending sees the answer instead of a reset connection.
-async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
     let mut stream = body.into_data_stream();
     let mut buf = Vec::new();
     let mut total = 0usize;
@@ -217,7 +217,7 @@ pub(crate) async fn json_body(body: Body, limit: usize) -> Result<serde_json::Va
 }
 
 /// Queue a job, or 503 when the queue is full.
-fn submit(
+pub(crate) fn submit(
     s: &AppState,
     prompt: Vec<u32>,
     max_tokens: usize,
@@ -247,7 +247,7 @@ fn submit(
     Ok(crate::ops::observe(rx))
 }
 
-fn sse_response(stream: SseStream) -> Response {
+pub(crate) fn sse_response(stream: SseStream) -> Response {
     let mut resp = Response::new(Body::from_stream(stream));
     let h = resp.headers_mut();
     h.insert(
@@ -257,15 +257,6 @@ fn sse_response(stream: SseStream) -> Response {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     resp
-}
-
-/// What the chat template produced for one request.
-struct ChatPrompt {
-    ids: Vec<u32>,
-    /// Text appended to force a tool call.
-    prefix: String,
-    /// The prompt ends inside an open `<think>` block.
-    in_think: bool,
 }
 
 async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError> {
@@ -301,36 +292,16 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         ));
     };
     let parse_special = crate::prompt::parse_special(&v)?;
-    let tok = s.tokenizer.clone();
-    let think = tok.token_to_id("<think>").is_some();
-    let forced = plan.forced_prefix.clone();
-    let tools = plan.tools.clone();
-    // Rendering and tokenizing take a while for long conversations.
-    let p = tokio::task::spawn_blocking(move || -> Result<ChatPrompt, ApiError> {
-        let r = crate::prompt::render(
-            &template,
-            &tok,
-            &messages,
-            tools.as_ref(),
-            enable_thinking,
-            parse_special,
-        )
-        .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
-        let in_think = think && r.text.trim_end().ends_with("<think>");
-        let prefix = if in_think && !forced.is_empty() {
-            format!("\n</think>\n\n{forced}")
-        } else {
-            forced
-        };
-        let ids = r.encode(&tok, &prefix);
-        Ok(ChatPrompt {
-            ids,
-            prefix,
-            in_think,
-        })
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let p = crate::prompt::build(
+        &s,
+        template,
+        messages,
+        plan.tools.clone(),
+        plan.forced_prefix.clone(),
+        enable_thinking,
+        parse_special,
+    )
+    .await?;
     request::check_prompt_len(p.ids.len(), &s.limits, "messages")?;
     let budget = g.budget(p.ids.len(), &s.limits, s.limits.max_tokens_limit);
     let lp = crate::extra::logprobs_request(&v, true)?;
@@ -340,7 +311,7 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         created: stream::now_secs(),
         model: s.model_id.clone(),
     };
-    let parser = ChatParser::new(plan.parse, think, p.in_think);
+    let parser = ChatParser::new(plan.parse, p.think, p.in_think);
     if g.stream {
         let chunker = ChatChunker::new(meta.clone(), parser, p.prefix, g.include_usage);
         let chunker = crate::extra::stream_chunker(

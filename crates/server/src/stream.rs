@@ -156,9 +156,18 @@ pub trait Chunker: Send {
     fn start(&mut self) -> Vec<String>;
     fn text(&mut self, t: &str) -> Vec<String>;
     fn done(&mut self, d: &Done) -> Vec<String>;
+    /// What ends a finished stream (OpenAI chat and completions: `[DONE]`;
+    /// the Responses and Messages APIs end with their own last event).
+    fn end(&mut self) -> Option<String> {
+        Some("data: [DONE]\n\n".into())
+    }
+    /// The events of a generation that failed.
+    fn error(&mut self, e: ApiError) -> Vec<String> {
+        vec![sse(&e.body())]
+    }
 }
 
-fn sse(json: &impl serde::Serialize) -> String {
+pub(crate) fn sse(json: &impl serde::Serialize) -> String {
     format!(
         "data: {}\n\n",
         serde_json::to_string(json).unwrap_or_else(|_| "{}".into())
@@ -365,16 +374,16 @@ impl SseStream {
             Some(Event::Text(t)) => self.queue.extend(self.chunker.text(&t)),
             Some(Event::Done(d)) => {
                 self.queue.extend(self.chunker.done(&d));
-                self.queue.push_back("data: [DONE]\n\n".into());
+                self.queue.extend(self.chunker.end());
                 self.finished = true;
             }
             Some(Event::Error(e)) => {
-                self.queue.push_back(sse(&ApiError::Internal(e).body()));
+                self.queue.extend(self.chunker.error(ApiError::Internal(e)));
                 self.finished = true;
             }
             None => {
-                self.queue
-                    .push_back(sse(&ApiError::Internal("the engine stopped".into()).body()));
+                let e = ApiError::Internal("the engine stopped".into());
+                self.queue.extend(self.chunker.error(e));
                 self.finished = true;
             }
         }
@@ -425,6 +434,7 @@ mod tests {
             prompt_secs: 0.0,
             decode_secs: 0.0,
             logprobs: Vec::new(),
+            stop_sequence: None,
         }
     }
 
