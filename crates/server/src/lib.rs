@@ -15,6 +15,7 @@
 //! ```
 
 pub mod api;
+pub mod convo;
 pub mod engine;
 pub mod error;
 pub mod extra;
@@ -23,6 +24,8 @@ pub mod ops;
 pub mod parse;
 pub mod prompt;
 pub mod request;
+pub mod responses;
+pub mod responses_out;
 pub mod routes;
 pub mod stop;
 pub mod stream;
@@ -248,6 +251,7 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         metrics,
         created: stream::now_secs(),
         cors_origins: args.cors_origin.clone(),
+        responses: Default::default(),
     }))
 }
 

@@ -36,6 +36,8 @@ pub struct AppState {
     pub created: u64,
     /// `--cors-origin` values.
     pub cors_origins: Vec<String>,
+    /// Recent Responses API answers, for `previous_response_id`.
+    pub responses: Arc<crate::responses::Store>,
 }
 
 pub type Shared = Arc<AppState>;
@@ -58,6 +60,9 @@ pub fn router(state: Shared) -> Router {
         .route("/detokenize", post(crate::extra::detokenize))
         .route("/v1/embeddings", post(crate::extra::embeddings))
         .route("/embeddings", post(crate::extra::embeddings))
+        .route("/v1/responses", post(crate::responses::create))
+        .route("/responses", post(crate::responses::create))
+        .route("/v1/responses/{id}", get(crate::responses::get))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
@@ -86,6 +91,8 @@ const ENDPOINTS: &[&str] = &[
     "/detokenize",
     "/v1/embeddings",
     "/embeddings",
+    "/v1/responses",
+    "/responses",
 ];
 
 /// Count every answer by endpoint and status.
