@@ -328,7 +328,18 @@ struct Stored {
     response: Value,
     /// The conversation up to and with its answer, without `instructions`.
     conversation: Vec<ChatMessage>,
+    /// The prompt's and the answer's tokens, to resume from.
+    ids: Vec<u32>,
+    /// (call_id, name) of the answer's function calls.
+    calls: Vec<(String, String)>,
     bytes: usize,
+}
+
+/// What a follow-up continues from.
+pub struct Previous {
+    pub conversation: Vec<ChatMessage>,
+    pub ids: Vec<u32>,
+    pub calls: Vec<(String, String)>,
 }
 
 /// The bounded store of recent responses.
@@ -340,9 +351,16 @@ pub struct Store {
 impl Store {
     /// Keep a response (the oldest go when over the bounds; one larger
     /// than the whole bound is not kept).
-    pub fn put(&self, id: String, response: Value, conversation: Vec<ChatMessage>) {
+    pub fn put(&self, id: String, response: Value, prev: Previous) {
+        let Previous {
+            conversation,
+            ids,
+            calls,
+        } = prev;
         let bytes = response.to_string().len()
-            + serde_json::to_string(&conversation).map_or(0, |s| s.len());
+            + serde_json::to_string(&conversation).map_or(0, |s| s.len())
+            + ids.len() * 4
+            + calls.iter().map(|(a, b)| a.len() + b.len()).sum::<usize>();
         if bytes > MAX_STORED_BYTES {
             tracing::warn!("response {id} is too large to keep for follow-ups ({bytes} bytes)");
             return;
@@ -360,6 +378,8 @@ impl Store {
             id,
             response,
             conversation,
+            ids,
+            calls,
             bytes,
         });
     }
@@ -373,8 +393,12 @@ impl Store {
         self.find(id, |s| s.response.clone())
     }
 
-    pub fn conversation(&self, id: &str) -> Option<Vec<ChatMessage>> {
-        self.find(id, |s| s.conversation.clone())
+    pub fn previous(&self, id: &str) -> Option<Previous> {
+        self.find(id, |s| Previous {
+            conversation: s.conversation.clone(),
+            ids: s.ids.clone(),
+            calls: s.calls.clone(),
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -433,16 +457,31 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
             "this model file has no chat template: use /v1/completions",
         ));
     };
-    let mut conversation = match &req.previous_response_id {
-        None => Vec::new(),
-        Some(id) => s.responses.conversation(id).ok_or_else(|| {
+    let prev = match &req.previous_response_id {
+        None => None,
+        Some(id) => Some(s.responses.previous(id).ok_or_else(|| {
             ApiError::invalid(
                 "previous_response_id",
                 format!("Previous response with id '{id}' not found (responses are kept in memory, {MAX_STORED} at most, and only with `store`)"),
             )
-        })?,
+        })?),
     };
+    let (mut conversation, resume, calls) = match prev {
+        Some(p) => (p.conversation, Some(p.ids), p.calls),
+        None => (Vec::new(), None, Vec::new()),
+    };
+    let start = conversation.len();
     input_messages(&req.input, &mut conversation)?;
+    // Results of the previous answer's calls: name them from its items
+    // (its turn is kept as the model wrote it, without parsed calls).
+    for m in &mut conversation[start..] {
+        if m.role == "tool" && m.name.is_none() {
+            m.name = calls
+                .iter()
+                .find(|(id, _)| Some(id) == m.tool_call_id.as_ref())
+                .map(|(_, n)| n.clone());
+        }
+    }
     if conversation.is_empty() {
         return Err(ApiError::invalid("input", "`input` must not be empty"));
     }
@@ -460,11 +499,16 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
         plan.forced_prefix.clone(),
         None,
         parse_special,
+        resume,
     )
     .await?;
     crate::request::check_prompt_len(p.ids.len(), &s.limits, "input")?;
     let budget = g.budget(p.ids.len(), &s.limits, s.limits.max_tokens_limit);
-    let mut rx = submit(&s, p.ids, budget, &g, None)?;
+    let store = req.store.unwrap_or(true);
+    let prompt_ids = if store { p.ids.clone() } else { Vec::new() };
+    // With `store`, the answer's token ids are kept to resume from (the
+    // engine reports them with log-probabilities; none are asked for).
+    let mut rx = submit(&s, p.ids, budget, &g, store.then_some(0))?;
     let echo = Echo {
         id: stream::new_id("resp_"),
         created_at: stream::now_secs(),
@@ -472,7 +516,7 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
         instructions: req.instructions.clone(),
         max_output_tokens: req.max_output_tokens,
         previous_response_id: req.previous_response_id.clone(),
-        store: req.store.unwrap_or(true),
+        store,
         temperature: g.sampler.temperature,
         top_p: g.sampler.top_p,
         tools: tools
@@ -496,6 +540,7 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
     let keep = Keep {
         store: s.responses.clone(),
         conversation,
+        prompt_ids,
     };
     if stream {
         let chunker = ResponsesChunker::new(builder, keep);
@@ -507,7 +552,7 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
     b.text(&text);
     b.done(&done);
     let out = b.response();
-    keep.keep(&b, &out);
+    keep.keep(&b, &out, &done);
     Ok(Json(out).into_response())
 }
 
@@ -516,16 +561,28 @@ pub struct Keep {
     pub store: Arc<Store>,
     /// The conversation the prompt was made of (without instructions).
     pub conversation: Vec<ChatMessage>,
+    pub prompt_ids: Vec<u32>,
 }
 
 impl Keep {
-    pub fn keep(self, b: &ResponseBuilder, response: &Value) {
+    /// Store the response with its conversation: the answer is the
+    /// assistant turn as the model wrote it (tool-call markup included),
+    /// so a follow-up's prompt renders the very text the model saw and
+    /// can resume from the engine's checkpoint of it.
+    pub fn keep(self, b: &ResponseBuilder, response: &Value, done: &crate::engine::Done) {
         if !b.echo.store {
             return;
         }
-        let mut conv = self.conversation;
-        b.append_answer(&mut conv);
-        self.store.put(b.echo.id.clone(), response.clone(), conv);
+        let mut conversation = self.conversation;
+        conversation.push(ChatMessage::assistant(b.raw_text()));
+        let mut ids = self.prompt_ids;
+        ids.extend(done.logprobs.iter().map(|l| l.id));
+        let prev = Previous {
+            conversation,
+            ids,
+            calls: b.calls(),
+        };
+        self.store.put(b.echo.id.clone(), response.clone(), prev);
     }
 }
 
@@ -647,6 +704,14 @@ mod tests {
         );
     }
 
+    fn prev(m: ChatMessage) -> Previous {
+        Previous {
+            conversation: vec![m],
+            ids: vec![1, 2],
+            calls: vec![],
+        }
+    }
+
     #[test]
     fn the_store_is_bounded() {
         let s = Store::default();
@@ -654,7 +719,7 @@ mod tests {
             s.put(
                 format!("r{i}"),
                 json!({"id": i}),
-                vec![ChatMessage::user("x")],
+                prev(ChatMessage::user("x")),
             );
         }
         assert_eq!(s.len(), MAX_STORED);
@@ -668,19 +733,19 @@ mod tests {
         s.put(
             "big1".into(),
             json!({}),
-            vec![ChatMessage::user(big.clone())],
+            prev(ChatMessage::user(big.clone())),
         );
         s.put(
             "big2".into(),
             json!({}),
-            vec![ChatMessage::user(big.clone())],
+            prev(ChatMessage::user(big.clone())),
         );
         assert!(s.response("big1").is_none() && s.response("big2").is_some());
         // Larger than the whole bound: not kept.
         s.put(
             "huge".into(),
             json!({}),
-            vec![ChatMessage::user("z".repeat(MAX_STORED_BYTES + 1))],
+            prev(ChatMessage::user("z".repeat(MAX_STORED_BYTES + 1))),
         );
         assert!(s.response("huge").is_none());
     }

@@ -20,13 +20,11 @@
 //! The whole (non-streamed) answer is the same builder's final response,
 //! so both forms carry the same items.
 
-use crate::convo;
 use crate::engine::{Done, Finish};
 use crate::error::ApiError;
 use crate::parse::{ChatParser, Parsed};
 use crate::responses::Keep;
 use crate::stream::{self, Chunker};
-use redlite_tokenizer::ChatMessage;
 use serde_json::{json, Value};
 
 /// The request's settings a response object repeats.
@@ -110,6 +108,8 @@ pub struct ResponseBuilder {
     usage: Value,
     incomplete: bool,
     error: Value,
+    /// The answer as generated, forced prefix included.
+    raw: String,
 }
 
 impl ResponseBuilder {
@@ -125,6 +125,7 @@ impl ResponseBuilder {
             usage: Value::Null,
             incomplete: false,
             error: Value::Null,
+            raw: String::new(),
         }
     }
 
@@ -178,12 +179,14 @@ impl ResponseBuilder {
             self.event("response.in_progress", json!({"response": r})),
         ];
         let prefix = std::mem::take(&mut self.prefix);
+        self.raw.push_str(&prefix);
         let parsed = self.parser.push(&prefix);
         out.extend(self.parsed(parsed));
         out
     }
 
     pub fn text(&mut self, t: &str) -> Vec<Value> {
+        self.raw.push_str(t);
         let parsed = self.parser.push(t);
         self.parsed(parsed)
     }
@@ -355,29 +358,20 @@ impl ResponseBuilder {
         out
     }
 
-    /// The answer as the conversation's next assistant turn.
-    pub fn append_answer(&self, conv: &mut Vec<ChatMessage>) {
-        let mut m = ChatMessage {
-            role: "assistant".into(),
-            ..ChatMessage::default()
-        };
-        for it in &self.items {
-            match &it.kind {
-                Kind::Message => {
-                    let c = m.content.get_or_insert_with(String::new);
-                    c.push_str(&it.text);
-                }
-                Kind::Reasoning => m.reasoning_content = Some(it.text.clone()),
-                Kind::Call { call_id, name } => {
-                    m.tool_calls
-                        .push(convo::tool_call(call_id, name, convo::args_value(&it.text)))
-                }
-            }
-        }
-        if m.content.is_none() && m.tool_calls.is_empty() {
-            m.content = Some(String::new());
-        }
-        conv.push(m);
+    /// The answer's text as generated (forced prefix included).
+    pub fn raw_text(&self) -> &str {
+        &self.raw
+    }
+
+    /// (call_id, name) of the answer's function calls.
+    pub fn calls(&self) -> Vec<(String, String)> {
+        self.items
+            .iter()
+            .filter_map(|it| match &it.kind {
+                Kind::Call { call_id, name } => Some((call_id.clone(), name.clone())),
+                _ => None,
+            })
+            .collect()
     }
 }
 
@@ -411,7 +405,7 @@ impl Chunker for ResponsesChunker {
     fn done(&mut self, d: &Done) -> Vec<String> {
         let out: Vec<String> = self.b.done(d).iter().map(sse).collect();
         if let Some(k) = self.keep.take() {
-            k.keep(&self.b, &self.b.response());
+            k.keep(&self.b, &self.b.response(), d);
         }
         out
     }
@@ -535,17 +529,23 @@ mod tests {
         let call = &r["output"][0];
         assert_eq!(call["call_id"].as_str().unwrap()[..5], *"call_");
         assert_eq!(call["status"], "completed");
-        let mut conv = Vec::new();
-        let b = {
-            let mut b =
-                ResponseBuilder::new(echo(), ChatParser::new(true, false, false), String::new());
-            b.start();
-            b.text("<tool_call>{\"name\": \"ls\", \"arguments\": {}}</tool_call>");
-            b.done(&done(Finish::Stop));
-            b
-        };
-        b.append_answer(&mut conv);
-        assert_eq!(conv[0].tool_calls[0].function.name, "ls");
+        let mut b = ResponseBuilder::new(
+            echo(),
+            ChatParser::new(true, false, false),
+            "<tool_call>\n{\"name\": ".into(),
+        );
+        b.start();
+        b.text("\"ls\", \"arguments\": {}}</tool_call>");
+        b.done(&done(Finish::Stop));
+        // Kept for a follow-up: the text as generated, and the call's id.
+        assert_eq!(
+            b.raw_text(),
+            "<tool_call>\n{\"name\": \"ls\", \"arguments\": {}}</tool_call>"
+        );
+        let calls = b.calls();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].1, "ls");
+        assert_eq!(b.response()["output"][0]["call_id"], calls[0].0);
     }
 
     #[test]

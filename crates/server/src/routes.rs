@@ -307,6 +307,7 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         plan.forced_prefix.clone(),
         enable_thinking,
         parse_special,
+        None,
     )
     .await?;
     request::check_prompt_len(p.ids.len(), &s.limits, "messages")?;
