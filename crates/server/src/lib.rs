@@ -19,6 +19,8 @@ pub mod convo;
 pub mod engine;
 pub mod error;
 pub mod extra;
+pub mod messages;
+pub mod messages_out;
 pub mod metrics;
 pub mod ops;
 pub mod parse;

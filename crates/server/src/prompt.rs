@@ -402,7 +402,10 @@ mod tests {
         // The user's control text after the cut is still plain.
         let start = tok.token_to_id("<|im_start|>").unwrap();
         let starts = resumed.iter().filter(|&&t| t == start).count();
-        assert_eq!(starts, 4, "user, assistant, user, assistant: not the message's text");
+        assert_eq!(
+            starts, 4,
+            "user, assistant, user, assistant: not the message's text"
+        );
         // A prefix the text does not start with is not used.
         let r = render(&tpl, &tok, &msgs, None, None, false).unwrap();
         let fresh = render(&tpl, &tok, &msgs, None, None, false)

@@ -63,6 +63,11 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/responses", post(crate::responses::create))
         .route("/responses", post(crate::responses::create))
         .route("/v1/responses/{id}", get(crate::responses::get))
+        .route("/v1/messages", post(crate::messages::create))
+        .route(
+            "/v1/messages/count_tokens",
+            post(crate::messages::count_tokens),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
@@ -93,6 +98,8 @@ const ENDPOINTS: &[&str] = &[
     "/embeddings",
     "/v1/responses",
     "/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
 ];
 
 /// Count every answer by endpoint and status.
@@ -108,18 +115,27 @@ async fn count(State(s): State<Shared>, req: Request, next: Next) -> Response {
     resp
 }
 
-/// With `--api-key`, every route but `/health` needs `Authorization: Bearer KEY`.
+/// With `--api-key`, every route but `/health` needs `Authorization: Bearer
+/// KEY` (or `x-api-key: KEY`, as Anthropic's clients send it).
 async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
         let path = req.uri().path();
         if path != "/health" && path != "/v1/health" {
-            let given = req
-                .headers()
+            let h = req.headers();
+            let bearer = h
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .map(str::trim);
-            if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
+            let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
+            let ok = [bearer, x_key]
+                .into_iter()
+                .flatten()
+                .any(|g| same(g.as_bytes(), key.as_bytes()));
+            if !ok {
+                if path.starts_with("/v1/messages") {
+                    return crate::messages::AnthropicError(ApiError::Unauthorized).into_response();
+                }
                 return ApiError::Unauthorized.into_response();
             }
         }
