@@ -254,44 +254,104 @@ pub fn input_messages(input: &Input, out: &mut Vec<ChatMessage>) -> Result<(), A
     Ok(())
 }
 
-/// Function tools in the chat route's shape (other tool types are a 400:
-/// the server runs no hosted tools).
-fn tools(req: &[Value]) -> Result<Vec<crate::api::Tool>, ApiError> {
-    req.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let at = format!("tools[{i}]");
-            match t.get("type").and_then(Value::as_str) {
-                Some("function") => {}
-                Some(other) => {
-                    return Err(ApiError::invalid(
-                        format!("{at}.type"),
-                        format!("tool type `{other}` is not supported (only `function`)"),
-                    ))
-                }
-                None => {
-                    return Err(ApiError::invalid(
-                        format!("{at}.type"),
-                        "a tool needs `type`",
-                    ))
-                }
+/// Hosted tools of OpenAI's (run by its servers, not the model's client):
+/// nothing runs them here, so they are not offered to the model and not
+/// echoed in the response's `tools`. Agents send them by default (Codex
+/// sends `web_search`), so refusing them would refuse the agent.
+const HOSTED: &[&str] = &[
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer_use_preview",
+    "mcp",
+    "local_shell",
+    "tool_search",
+];
+
+/// The request's tools: function tools (those inside a `namespace`
+/// flattened, each remembered with its namespace for the calls' items),
+/// and the accepted tools as the response echoes them.
+#[derive(Debug, Default)]
+pub struct Tools {
+    pub functions: Vec<crate::api::Tool>,
+    /// (function name, namespace).
+    pub namespaces: Vec<(String, String)>,
+    pub echo: Vec<Value>,
+}
+
+fn function(t: &Value, at: &str) -> Result<crate::api::Tool, ApiError> {
+    let d: FunctionToolDef = convo::parse_at(t, at)?;
+    debug_assert_eq!(d.kind, "function");
+    if d.name.is_empty() {
+        return Err(ApiError::invalid(
+            format!("{at}.name"),
+            "a tool needs a name",
+        ));
+    }
+    Ok(convo::function_tool(
+        d.name,
+        d.description,
+        d.parameters,
+        d.strict,
+    ))
+}
+
+fn tool_type<'a>(t: &'a Value, at: &str) -> Result<&'a str, ApiError> {
+    t.get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid(format!("{at}.type"), "a tool needs a string `type`"))
+}
+
+/// Check and gather the tools (other types are a 400 naming them).
+fn tools(req: &[Value]) -> Result<Tools, ApiError> {
+    let mut out = Tools::default();
+    for (i, t) in req.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        match tool_type(t, &at)? {
+            "function" => {
+                out.functions.push(function(t, &at)?);
+                out.echo.push(t.clone());
             }
-            let d: FunctionToolDef = convo::parse_at(t, &at)?;
-            debug_assert_eq!(d.kind, "function");
-            if d.name.is_empty() {
+            "namespace" => {
+                let ns = t.get("name").and_then(Value::as_str).unwrap_or_default();
+                if ns.is_empty() {
+                    return Err(ApiError::invalid(format!("{at}.name"), "a namespace needs a name"));
+                }
+                let inner = t.get("tools").and_then(Value::as_array).ok_or_else(|| {
+                    ApiError::invalid(format!("{at}.tools"), "a namespace needs a `tools` list")
+                })?;
+                for (j, f) in inner.iter().enumerate() {
+                    let fat = format!("{at}.tools[{j}]");
+                    match tool_type(f, &fat)? {
+                        "function" => {
+                            let f = function(f, &fat)?;
+                            out.namespaces.push((f.function.name.clone(), ns.to_string()));
+                            out.functions.push(f);
+                        }
+                        other => {
+                            return Err(ApiError::invalid(
+                                format!("{fat}.type"),
+                                format!("tool type `{other}` is not supported in a namespace (only `function`)"),
+                            ))
+                        }
+                    }
+                }
+                out.echo.push(t.clone());
+            }
+            h if HOSTED.contains(&h) => {
+                tracing::debug!("{at}: hosted tool `{h}` left out (this server runs none)");
+            }
+            other => {
                 return Err(ApiError::invalid(
-                    format!("{at}.name"),
-                    "a tool needs a name",
-                ));
+                    format!("{at}.type"),
+                    format!("tool type `{other}` is not supported (`function` and `namespace`; hosted tools are left out)"),
+                ))
             }
-            Ok(convo::function_tool(
-                d.name,
-                d.description,
-                d.parameters,
-                d.strict,
-            ))
-        })
-        .collect()
+        }
+    }
+    Ok(out)
 }
 
 /// `tool_choice`: a mode or `{"type": "function", "name": …}`.
@@ -438,19 +498,22 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
     )?;
     let tools = tools(req.tools.as_deref().unwrap_or(&[]))?;
     let choice = tool_choice(&req.tool_choice)?;
-    let plan = crate::request::tool_plan(&Some(tools.clone()), &choice).map_err(|e| match e {
-        ApiError::BadRequest {
-            message,
-            param,
-            code,
-        } => ApiError::BadRequest {
-            message,
-            // The chat route's `tools[i].function.name` is `tools[i].name` here.
-            param: param.map(|p| p.replace(".function.", ".")),
-            code,
-        },
-        other => other,
-    })?;
+    let plan =
+        crate::request::tool_plan(&Some(tools.functions.clone()), &choice).map_err(
+            |e| match e {
+                ApiError::BadRequest {
+                    message,
+                    param,
+                    code,
+                } => ApiError::BadRequest {
+                    message,
+                    // The chat route's `tools[i].function.name` is `tools[i].name` here.
+                    param: param.map(|p| p.replace(".function.", ".")),
+                    code,
+                },
+                other => other,
+            },
+        )?;
     let Some(template) = s.template.clone() else {
         return Err(ApiError::invalid(
             "input",
@@ -519,18 +582,8 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
         store,
         temperature: g.sampler.temperature,
         top_p: g.sampler.top_p,
-        tools: tools
-            .iter()
-            .map(|t| {
-                serde_json::json!({
-                    "type": "function",
-                    "name": t.function.name,
-                    "description": t.function.description,
-                    "parameters": t.function.parameters,
-                    "strict": t.function.strict,
-                })
-            })
-            .collect(),
+        tools: tools.echo,
+        namespaces: tools.namespaces,
         tool_choice: req.tool_choice.clone().unwrap_or_else(|| "auto".into()),
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         metadata: req.metadata.clone().unwrap_or_default(),
@@ -675,13 +728,29 @@ mod tests {
 
     #[test]
     fn tools_and_choices() {
-        let t =
-            tools(&[json!({"type": "function", "name": "f", "parameters": {"type": "object"}})])
-                .unwrap();
-        assert_eq!(t[0].function.name, "f");
+        let t = tools(&[
+            json!({"type": "function", "name": "f", "parameters": {"type": "object"}}),
+            json!({"type": "web_search", "external_web_access": true}),
+            json!({"type": "namespace", "name": "agents", "description": "d", "tools": [
+                {"type": "function", "name": "spawn", "parameters": {"type": "object"}}]}),
+        ])
+        .unwrap();
+        let names: Vec<&str> = t
+            .functions
+            .iter()
+            .map(|f| f.function.name.as_str())
+            .collect();
+        assert_eq!(names, ["f", "spawn"]);
+        assert_eq!(t.namespaces, [("spawn".to_string(), "agents".to_string())]);
+        // The hosted tool is not offered, nor echoed.
+        assert_eq!(t.echo.len(), 2);
         assert_eq!(
-            param(tools(&[json!({"type": "web_search"})]).unwrap_err()),
+            param(tools(&[json!({"type": "shell_magic"})]).unwrap_err()),
             "tools[0].type"
+        );
+        assert_eq!(
+            param(tools(&[json!({"type": "namespace", "name": "n", "tools": [{"type": "custom", "name": "x"}]})]).unwrap_err()),
+            "tools[0].tools[0].type"
         );
         assert_eq!(
             param(tools(&[json!({"type": "function"})]).unwrap_err()),

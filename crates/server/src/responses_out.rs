@@ -40,6 +40,8 @@ pub struct Echo {
     pub temperature: f32,
     pub top_p: f32,
     pub tools: Vec<Value>,
+    /// (function name, namespace) of the tools offered inside a namespace.
+    pub namespaces: Vec<(String, String)>,
     pub tool_choice: Value,
     pub parallel_tool_calls: bool,
     pub metadata: serde_json::Map<String, Value>,
@@ -49,7 +51,11 @@ pub struct Echo {
 enum Kind {
     Message,
     Reasoning,
-    Call { call_id: String, name: String },
+    Call {
+        call_id: String,
+        name: String,
+        namespace: Option<String>,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -82,10 +88,20 @@ impl Item {
                 json!({"type": "reasoning", "id": self.id, "status": self.status,
                        "summary": [], "content": content})
             }
-            Kind::Call { call_id, name } => json!({
-                "type": "function_call", "id": self.id, "call_id": call_id, "name": name,
-                "arguments": self.text, "status": self.status,
-            }),
+            Kind::Call {
+                call_id,
+                name,
+                namespace,
+            } => {
+                let mut v = json!({
+                    "type": "function_call", "id": self.id, "call_id": call_id, "name": name,
+                    "arguments": self.text, "status": self.status,
+                });
+                if let Some(ns) = namespace {
+                    v["namespace"] = ns.as_str().into();
+                }
+                v
+            }
         }
     }
 }
@@ -238,9 +254,16 @@ impl ResponseBuilder {
                 Parsed::Reasoning(t) => self.append(&mut out, Kind::Reasoning, &t),
                 Parsed::ToolCallStart { name, .. } => {
                     out.extend(self.close("completed"));
+                    let namespace = self
+                        .echo
+                        .namespaces
+                        .iter()
+                        .find(|(f, _)| *f == name)
+                        .map(|(_, ns)| ns.clone());
                     let kind = Kind::Call {
                         call_id: stream::new_id("call_"),
                         name,
+                        namespace,
                     };
                     self.add(&mut out, kind, "fc_");
                 }
@@ -368,7 +391,7 @@ impl ResponseBuilder {
         self.items
             .iter()
             .filter_map(|it| match &it.kind {
-                Kind::Call { call_id, name } => Some((call_id.clone(), name.clone())),
+                Kind::Call { call_id, name, .. } => Some((call_id.clone(), name.clone())),
                 _ => None,
             })
             .collect()
@@ -433,6 +456,7 @@ mod tests {
             temperature: 0.8,
             top_p: 0.95,
             tools: vec![],
+            namespaces: vec![("ls".into(), "fs".into())],
             tool_choice: "auto".into(),
             parallel_tool_calls: true,
             metadata: Default::default(),
@@ -529,6 +553,8 @@ mod tests {
         let call = &r["output"][0];
         assert_eq!(call["call_id"].as_str().unwrap()[..5], *"call_");
         assert_eq!(call["status"], "completed");
+        // A tool offered inside a namespace is called with it.
+        assert_eq!(call["namespace"], "fs");
         let mut b = ResponseBuilder::new(
             echo(),
             ChatParser::new(true, false, false),

@@ -212,7 +212,7 @@ def test_errors_name_the_field(client, model_id):
          "input[0].call_id"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
          "input[0].content[0].type"),
-        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "x", "tools": [{"type": "shell_magic"}]}, "tools[0].type"),
         ({"input": "x", "temperature": 5}, "temperature"),
         ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
          "tool_choice"),
