@@ -315,11 +315,18 @@ impl Engine {
         // Prefill what the checkpoint does not hold, in batches, so a
         // client that leaves stops a long prompt too.
         if cached < prompt.len() {
+            let mut done = cached;
             for chunk in prompt[cached..].chunks(self.cfg.ubatch.max(1)) {
                 if job.events.is_closed() {
+                    // Keep what was computed: a client that timed out on a
+                    // long prompt and retries it resumes here.
+                    if done > cached {
+                        self.save_checkpoint(prompt[..done].to_vec(), logits)?;
+                    }
                     return Ok(None);
                 }
                 logits = self.seq.prefill(chunk, Logits::Last)?;
+                done += chunk.len();
             }
         }
         let prompt_secs = t0.elapsed().as_secs_f64();
@@ -441,7 +448,11 @@ mod tests {
         ctx: usize,
         n_vocab: usize,
         calls: Arc<Mutex<Calls>>,
+        /// Run at the next prefill call (e.g. a client leaving).
+        on_prefill: Hook,
     }
+
+    type Hook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
 
     impl Double {
         fn logits(&self) -> Vec<f32> {
@@ -454,6 +465,9 @@ mod tests {
     impl Sequence for Double {
         fn prefill(&mut self, tokens: &[u32], _: Logits) -> Result<Vec<f32>, ModelError> {
             self.calls.lock().unwrap().prefill_tokens.push(tokens.len());
+            if let Some(f) = self.on_prefill.lock().unwrap().take() {
+                f();
+            }
             self.tokens.extend_from_slice(tokens);
             Ok(self.logits())
         }
@@ -524,7 +538,14 @@ mod tests {
     }
 
     fn start_double(prompt_cache: bool) -> (EngineHandle, Arc<Mutex<Calls>>) {
+        let (h, c, _) = start_double_with_hook(prompt_cache);
+        (h, c)
+    }
+
+    fn start_double_with_hook(prompt_cache: bool) -> (EngineHandle, Arc<Mutex<Calls>>, Hook) {
         let calls = Arc::new(Mutex::new(Calls::default()));
+        let hook: Hook = Arc::new(Mutex::new(None));
+        let on_prefill = hook.clone();
         let c = calls.clone();
         let tok = tokenizer();
         let n_vocab = tok.vocab_size().max(200);
@@ -534,6 +555,7 @@ mod tests {
                 ctx: 256,
                 n_vocab,
                 calls: c,
+                on_prefill,
             }) as Box<dyn Sequence>)
         });
         let cfg = EngineConfig {
@@ -543,7 +565,31 @@ mod tests {
             max_checkpoints: 4,
         };
         let h = start(open, tok, cfg, Arc::new(Metrics::default())).expect("starts");
-        (h, calls)
+        (h, calls, hook)
+    }
+
+    #[test]
+    fn a_prompt_cancelled_midway_keeps_what_was_computed() {
+        let (h, calls, hook) = start_double_with_hook(true);
+        let prompt: Vec<u32> = (1..=10).collect();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // The client leaves during the first prefill call (4 tokens).
+        let rx = Mutex::new(Some(rx));
+        *hook.lock().unwrap() = Some(Box::new(move || drop(rx.lock().unwrap().take())));
+        assert!(h.submit(Job {
+            prompt: prompt.clone(),
+            max_tokens: 3,
+            sampler: SamplerConfig::default(),
+            stop: Vec::new(),
+            events: tx,
+            logprobs: None,
+        }));
+        // The retry resumes after the 4 tokens computed.
+        let d = run(&h, prompt, 1);
+        assert_eq!((d.prompt_tokens, d.cached_tokens), (10, 4));
+        let c = calls.lock().unwrap();
+        assert_eq!(c.prefill_tokens, vec![4, 4, 2]);
+        assert_eq!(c.restore, vec![4]);
     }
 
     #[test]

@@ -252,6 +252,13 @@ impl Chunker for MessagesChunker {
     fn error(&mut self, e: ApiError) -> Vec<String> {
         vec![sse(&crate::messages::error_body(&e))]
     }
+    /// Anthropic's own keep-alive event.
+    fn heartbeat(&mut self) -> Option<String> {
+        Some(sse(&json!({"type": "ping"})))
+    }
+    fn beats(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

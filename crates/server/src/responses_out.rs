@@ -201,6 +201,12 @@ impl ResponseBuilder {
         out
     }
 
+    /// A `response.in_progress` event (a stream's heartbeat).
+    pub fn in_progress(&mut self) -> Value {
+        let r = self.response();
+        self.event("response.in_progress", json!({"response": r}))
+    }
+
     pub fn text(&mut self, t: &str) -> Vec<Value> {
         self.raw.push_str(t);
         let parsed = self.parser.push(t);
@@ -437,6 +443,13 @@ impl Chunker for ResponsesChunker {
     }
     fn error(&mut self, e: ApiError) -> Vec<String> {
         self.b.fail(&e).iter().map(sse).collect()
+    }
+    /// `response.in_progress` again, with the response as it stands.
+    fn heartbeat(&mut self) -> Option<String> {
+        Some(sse(&self.b.in_progress()))
+    }
+    fn beats(&self) -> bool {
+        true
     }
 }
 

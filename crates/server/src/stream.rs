@@ -165,7 +165,20 @@ pub trait Chunker: Send {
     fn error(&mut self, e: ApiError) -> Vec<String> {
         vec![sse(&e.body())]
     }
+    /// An event that keeps the stream alive while nothing else comes (a
+    /// long prompt is being computed): agents give up on a stream that is
+    /// quiet for a while (Codex after 300 s) and retry from scratch.
+    fn heartbeat(&mut self) -> Option<String> {
+        None
+    }
+    /// Whether this stream sends heartbeats.
+    fn beats(&self) -> bool {
+        false
+    }
 }
+
+/// How long a stream may be quiet before a heartbeat.
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub(crate) fn sse(json: &impl serde::Serialize) -> String {
     format!(
@@ -356,6 +369,9 @@ pub struct SseStream {
     queue: VecDeque<String>,
     started: bool,
     finished: bool,
+    /// Ticks while the stream is quiet (made at the first poll, inside
+    /// the runtime).
+    beat: Option<tokio::time::Interval>,
 }
 
 impl SseStream {
@@ -366,6 +382,7 @@ impl SseStream {
             queue: VecDeque::new(),
             started: false,
             finished: false,
+            beat: None,
         }
     }
 
@@ -401,10 +418,30 @@ impl futures_core::Stream for SseStream {
             this.queue.extend(first);
         }
         // Take everything that is ready, send it as one write.
+        let mut heard = false;
         while !this.finished {
             match this.rx.poll_recv(cx) {
-                Poll::Ready(ev) => this.on_event(ev),
+                Poll::Ready(ev) => {
+                    heard = true;
+                    this.on_event(ev)
+                }
                 Poll::Pending => break,
+            }
+        }
+        if !this.finished {
+            if this.beat.is_none() && this.chunker.beats() {
+                let start = tokio::time::Instant::now() + HEARTBEAT;
+                this.beat = Some(tokio::time::interval_at(start, HEARTBEAT));
+            }
+            if let Some(beat) = &mut this.beat {
+                if heard {
+                    beat.reset();
+                }
+                if beat.poll_tick(cx).is_ready() && this.queue.is_empty() {
+                    this.queue.extend(this.chunker.heartbeat());
+                    // Register for the next tick.
+                    let _ = beat.poll_tick(cx);
+                }
             }
         }
         if this.queue.is_empty() {
