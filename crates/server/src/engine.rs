@@ -282,6 +282,10 @@ impl Engine {
                     m.token_latency
                         .observe_n(done.decode_secs / steps as f64, steps as u64);
                 }
+                // Not processing once the answer is complete: a client that
+                // sends its next request at once must not find the slot
+                // still taken (a spurious 503 with --parallel-queue 1).
+                m.processing.store(0, Ordering::SeqCst);
                 let _ = events.send(Event::Done(done));
             }
             Ok(None) => {
