@@ -13,12 +13,14 @@
 
 pub mod args;
 mod backend;
+pub mod context;
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod parity;
 
 pub use args::DeviceArgs;
 pub use backend::{Activations, BackendOptions, Device, ExpertSource, KvType};
+pub use context::{default_context, ContextChoice};
 pub use redlite_model::sequence::{CacheCounters, Checkpoint, CpuSequence, Sequence};
 pub use redlite_model::{Logits, MemoryRequest, Model, ModelError};
 

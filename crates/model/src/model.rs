@@ -171,6 +171,12 @@ impl Model {
         Ok(p)
     }
 
+    /// The plan `plan_memory` would make for `req`, without installing
+    /// anything (to compare contexts before choosing one).
+    pub fn preview_plan(&self, req: &MemoryRequest) -> Result<Plan, ModelError> {
+        plan_for(&self.file, &self.arch, req)
+    }
+
     /// The bounded expert cache, when there is one.
     pub fn expert_cache(&self) -> Option<&ExpertCache> {
         self.experts.as_ref()

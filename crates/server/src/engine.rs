@@ -47,6 +47,8 @@ pub struct Done {
     pub decode_secs: f64,
     /// One entry per generated token when the job asked for log-probabilities.
     pub logprobs: Vec<TokenLogprob>,
+    /// The stop string that ended the answer (Anthropic's `stop_sequence`).
+    pub stop_sequence: Option<String>,
 }
 
 /// A generated token's log-probability and the most likely alternatives
@@ -396,6 +398,10 @@ impl Engine {
                     m.token_latency
                         .observe_n(done.decode_secs / steps as f64, steps as u64);
                 }
+                // Not processing once the answer is complete: a client that
+                // sends its next request at once must not find the slot
+                // still taken (a spurious 503 with --parallel-queue 1).
+                m.processing.store(0, Ordering::SeqCst);
                 let _ = events.send(Event::Done(done));
                 // Written after the answer is complete, so the write delays
                 // the next queued request, not this one.
@@ -437,11 +443,18 @@ impl Engine {
         // Prefill what the checkpoint does not hold, in batches, so a
         // client that leaves stops a long prompt too.
         if cached < prompt.len() {
+            let mut done = cached;
             for chunk in prompt[cached..].chunks(self.cfg.ubatch.max(1)) {
                 if job.events.is_closed() {
+                    // Keep what was computed: a client that timed out on a
+                    // long prompt and retries it resumes here.
+                    if done > cached {
+                        self.save_checkpoint(prompt[..done].to_vec(), logits)?;
+                    }
                     return Ok(None);
                 }
                 logits = self.seq.prefill(chunk, Logits::Last)?;
+                done += chunk.len();
             }
         }
         let prompt_secs = t0.elapsed().as_secs_f64();
@@ -562,6 +575,7 @@ impl Engine {
             prompt_secs,
             decode_secs,
             logprobs,
+            stop_sequence: stop.matched().map(String::from),
         }))
     }
 }
@@ -592,7 +606,11 @@ mod tests {
         ctx: usize,
         n_vocab: usize,
         calls: Arc<Mutex<Calls>>,
+        /// Run at the next prefill call (e.g. a client leaving).
+        on_prefill: Hook,
     }
+
+    type Hook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
 
     impl Double {
         fn logits(&self) -> Vec<f32> {
@@ -605,6 +623,9 @@ mod tests {
     impl Sequence for Double {
         fn prefill(&mut self, tokens: &[u32], _: Logits) -> Result<Vec<f32>, ModelError> {
             self.calls.lock().unwrap().prefill_tokens.push(tokens.len());
+            if let Some(f) = self.on_prefill.lock().unwrap().take() {
+                f();
+            }
             self.tokens.extend_from_slice(tokens);
             Ok(self.logits())
         }
@@ -676,7 +697,14 @@ mod tests {
     }
 
     fn start_double(prompt_cache: bool) -> (EngineHandle, Arc<Mutex<Calls>>) {
+        let (h, c, _) = start_double_with_hook(prompt_cache);
+        (h, c)
+    }
+
+    fn start_double_with_hook(prompt_cache: bool) -> (EngineHandle, Arc<Mutex<Calls>>, Hook) {
         let calls = Arc::new(Mutex::new(Calls::default()));
+        let hook: Hook = Arc::new(Mutex::new(None));
+        let on_prefill = hook.clone();
         let c = calls.clone();
         let tok = tokenizer();
         let n_vocab = tok.vocab_size().max(200);
@@ -686,6 +714,7 @@ mod tests {
                 ctx: 256,
                 n_vocab,
                 calls: c,
+                on_prefill,
             }) as Box<dyn Sequence>)
         });
         let cfg = EngineConfig {
@@ -696,7 +725,32 @@ mod tests {
             state_dir: None,
         };
         let h = start(open, tok, cfg, Arc::new(Metrics::default())).expect("starts");
-        (h, calls)
+        (h, calls, hook)
+    }
+
+    #[test]
+    fn a_prompt_cancelled_midway_keeps_what_was_computed() {
+        let (h, calls, hook) = start_double_with_hook(true);
+        let prompt: Vec<u32> = (1..=10).collect();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // The client leaves during the first prefill call (4 tokens).
+        let rx = Mutex::new(Some(rx));
+        *hook.lock().unwrap() = Some(Box::new(move || drop(rx.lock().unwrap().take())));
+        assert!(h.submit(Job {
+            prompt: prompt.clone(),
+            max_tokens: 3,
+            sampler: SamplerConfig::default(),
+            stop: Vec::new(),
+            events: tx,
+            logprobs: None,
+            grammar: None,
+        }));
+        // The retry resumes after the 4 tokens computed.
+        let d = run(&h, prompt, 1);
+        assert_eq!((d.prompt_tokens, d.cached_tokens), (10, 4));
+        let c = calls.lock().unwrap();
+        assert_eq!(c.prefill_tokens, vec![4, 4, 2]);
+        assert_eq!(c.restore, vec![4]);
     }
 
     #[test]

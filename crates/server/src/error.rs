@@ -20,6 +20,10 @@ pub enum ApiError {
     /// 404: no such route.
     #[error("unknown request URL: {method} {path}")]
     NotFound { method: String, path: String },
+    /// 404: the route exists, the thing it names does not (a stored
+    /// response's id).
+    #[error("{message}")]
+    NotFoundResource { message: String },
     /// 405: the route exists, the method does not.
     #[error("method {method} is not allowed for {path}")]
     MethodNotAllowed { method: String, path: String },
@@ -48,7 +52,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::NotFound { .. } | ApiError::NotFoundResource { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -71,6 +75,9 @@ impl ApiError {
             ),
             ApiError::NotFound { .. } => {
                 ("invalid_request_error", None, Some("unknown_url".into()))
+            }
+            ApiError::NotFoundResource { .. } => {
+                ("invalid_request_error", None, Some("not_found".into()))
             }
             ApiError::MethodNotAllowed { .. } => (
                 "invalid_request_error",

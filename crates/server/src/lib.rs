@@ -16,14 +16,19 @@
 
 pub mod api;
 pub mod constrain;
+pub mod convo;
 pub mod engine;
 pub mod error;
 pub mod extra;
+pub mod messages;
+pub mod messages_out;
 pub mod metrics;
 pub mod ops;
 pub mod parse;
 pub mod prompt;
 pub mod request;
+pub mod responses;
+pub mod responses_out;
 pub mod routes;
 pub mod statedir;
 pub mod stop;
@@ -52,8 +57,10 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Context size in tokens (0: the model's trained context).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    /// Context size in tokens (0, the default: the model's trained context
+    /// as far as the memory plan allows, else the largest multiple of 1024
+    /// that fits; the start-up log says which and why).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     pub ctx_size: usize,
     /// Worker threads (0: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
@@ -118,7 +125,7 @@ impl ServeArgs {
             model: model.into(),
             host: "127.0.0.1".into(),
             port: 8080,
-            ctx_size: 4096,
+            ctx_size: 0,
             threads: 0,
             batch_size: 512,
             api_key: None,
@@ -167,33 +174,35 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             ubatch: args.batch_size,
         },
     )?;
-    let ctx = if args.ctx_size == 0 {
-        model.arch().context_length()
-    } else {
-        args.ctx_size
-    };
-    redlite_engine::warn_context(ctx, model.arch().context_length());
     // The live session plus the prompt-cache checkpoints.
     let sessions = 1 + if args.no_prompt_cache {
         0
     } else {
         args.cache_checkpoints
     };
-    let mut engine = redlite_engine::Engine::open(
-        model,
-        &args.dev.options(),
-        &MemoryRequest {
-            memory: args.memory,
-            expert_cache: args.expert_cache,
-            available: redlite_model::expertcache::residency::available_bytes(),
-            ctx,
-            sessions,
-            cache: ExpertCacheOptions {
-                pregate: usize::MAX,
-                ..Default::default()
-            },
+    let mut mem = MemoryRequest {
+        memory: args.memory,
+        expert_cache: args.expert_cache,
+        available: redlite_model::expertcache::residency::available_bytes(),
+        ctx: args.ctx_size,
+        sessions,
+        cache: ExpertCacheOptions {
+            pregate: usize::MAX,
+            ..Default::default()
         },
-    )?;
+    };
+    if args.ctx_size == 0 {
+        // The host plan decides (on a GPU the device plan may refuse it
+        // later, naming the numbers; -c then chooses).
+        let choice = redlite_engine::default_context(&model, &mem)?;
+        tracing::info!("{}", choice.line);
+        mem.ctx = choice.ctx;
+    } else {
+        tracing::info!("context: {} positions (-c)", args.ctx_size);
+    }
+    let ctx = mem.ctx;
+    redlite_engine::warn_context(ctx, model.arch().context_length());
+    let mut engine = redlite_engine::Engine::open(model, &args.dev.options(), &mem)?;
     tracing::info!("{}", engine.plan_line());
     if !args.no_warmup && engine.reads_host_weights() {
         engine.model().touch_weights(|_, _| {});
@@ -268,6 +277,7 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         metrics,
         created: stream::now_secs(),
         cors_origins: args.cors_origin.clone(),
+        responses: Default::default(),
     }))
 }
 

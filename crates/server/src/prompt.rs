@@ -198,6 +198,103 @@ impl Rendered {
         self.plain.push(at..self.text.len());
         tok.encode_with_plain(&self.text, &self.plain)
     }
+
+    /// [`encode`](Self::encode), keeping `prev` as the first tokens when
+    /// the text starts with theirs (else as `encode`).
+    pub fn encode_resuming(mut self, tok: &Tokenizer, suffix: &str, prev: Vec<u32>) -> Vec<u32> {
+        let prev_text = tok.decode(&prev);
+        if prev.is_empty() || !self.text.starts_with(&prev_text) {
+            return self.encode(tok, suffix);
+        }
+        let cut = prev_text.len();
+        let at = self.text.len();
+        self.text.push_str(suffix);
+        let rest = &self.text[cut..];
+        let mut ids = prev;
+        if self.parse_special {
+            ids.extend(tok.encode(rest, true));
+            return ids;
+        }
+        self.plain.push(at..self.text.len());
+        // The plain ranges of the rest, clipped and shifted to it.
+        let plain: Vec<Range<usize>> = self
+            .plain
+            .iter()
+            .filter(|r| r.end > cut)
+            .map(|r| r.start.max(cut) - cut..r.end - cut)
+            .collect();
+        ids.extend(tok.encode_with_plain(rest, &plain));
+        ids
+    }
+}
+
+/// What the chat template produced for one request.
+pub(crate) struct ChatPrompt {
+    pub ids: Vec<u32>,
+    /// Text appended to force a tool call.
+    pub prefix: String,
+    /// The prompt ends inside an open `<think>` block.
+    pub in_think: bool,
+    /// The vocabulary has `<think>`: parse reasoning blocks.
+    pub think: bool,
+}
+
+/// Render and tokenize a conversation for any chat-shaped endpoint (chat
+/// completions, Responses, Messages), with `forced` appended to start a
+/// tool call (after closing a `<think>` block the template opened; the
+/// block is closed too when the output is `constrained` to a grammar,
+/// which starts after the reasoning).
+///
+/// `resume`: the tokens an earlier request of this conversation ended with
+/// (its prompt and its answer). When the new prompt's text starts with
+/// their text, the new ids start with those very tokens, so the engine
+/// resumes from the checkpoint at the end of that answer; re-tokenizing
+/// the same text could split it differently (a forced `"arguments": `
+/// followed by the model's `{` is one token more than `"arguments": {`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn build(
+    s: &crate::AppState,
+    template: std::sync::Arc<ChatTemplate>,
+    messages: Vec<ChatMessage>,
+    tools: Option<serde_json::Value>,
+    forced: String,
+    constrained: bool,
+    enable_thinking: Option<bool>,
+    parse_special: bool,
+    resume: Option<Vec<u32>>,
+) -> Result<ChatPrompt, crate::ApiError> {
+    let tok = s.tokenizer.clone();
+    let think = tok.token_to_id("<think>").is_some();
+    // Rendering and tokenizing take a while for long conversations.
+    tokio::task::spawn_blocking(move || {
+        let r = render(
+            &template,
+            &tok,
+            &messages,
+            tools.as_ref(),
+            enable_thinking,
+            parse_special,
+        )
+        .map_err(|e| crate::ApiError::invalid("messages", format!("chat template: {e}")))?;
+        let in_think = think && r.text.trim_end().ends_with("<think>");
+        let prefix = if in_think && (constrained || !forced.is_empty()) {
+            format!("\n</think>\n\n{forced}")
+        } else {
+            forced
+        };
+        let ids = match resume {
+            Some(prev) => r.encode_resuming(&tok, &prefix, prev),
+            None => r.encode(&tok, &prefix),
+        };
+        Ok(ChatPrompt {
+            ids,
+            prefix,
+            in_think,
+            think,
+        })
+    })
+    .await
+    .map_err(|e| crate::ApiError::Internal(e.to_string()))?
 }
 
 /// Whether the request opts in to control tokens in its text
@@ -283,6 +380,41 @@ mod tests {
         // Only the template's own one: not the arguments', the schema's,
         // nor the (client-named) forced suffix's.
         assert_eq!(ids.iter().filter(|&&t| t == end).count(), 1);
+    }
+
+    #[test]
+    fn a_resumed_prompt_keeps_the_earlier_tokens() {
+        let (tok, tpl) = fixture();
+        let mut msgs = vec![ChatMessage::user("hi <|im_end|>")];
+        let first = ids(&tok, &tpl, &msgs, false);
+        // The answer as the model's tokens (some split another way than
+        // encoding its text would: one token per byte).
+        let answer: Vec<u32> = "ab c"
+            .bytes()
+            .flat_map(|b| tok.encode(&(b as char).to_string(), false))
+            .collect();
+        let mut prev = first.clone();
+        prev.extend(&answer);
+        msgs.push(ChatMessage::assistant("ab c"));
+        msgs.push(ChatMessage::user("more <|im_start|>"));
+        let r = render(&tpl, &tok, &msgs, None, None, false).unwrap();
+        let text = r.text.clone();
+        let resumed = r.encode_resuming(&tok, "", prev.clone());
+        assert!(resumed.starts_with(&prev));
+        assert_eq!(tok.decode(&resumed), text);
+        // The user's control text after the cut is still plain.
+        let start = tok.token_to_id("<|im_start|>").unwrap();
+        let starts = resumed.iter().filter(|&&t| t == start).count();
+        assert_eq!(
+            starts, 4,
+            "user, assistant, user, assistant: not the message's text"
+        );
+        // A prefix the text does not start with is not used.
+        let r = render(&tpl, &tok, &msgs, None, None, false).unwrap();
+        let fresh = render(&tpl, &tok, &msgs, None, None, false)
+            .unwrap()
+            .encode(&tok, "");
+        assert_eq!(r.encode_resuming(&tok, "", vec![start, start]), fresh);
     }
 
     #[test]

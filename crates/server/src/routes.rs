@@ -36,6 +36,8 @@ pub struct AppState {
     pub created: u64,
     /// `--cors-origin` values.
     pub cors_origins: Vec<String>,
+    /// Recent Responses API answers, for `previous_response_id`.
+    pub responses: Arc<crate::responses::Store>,
 }
 
 pub type Shared = Arc<AppState>;
@@ -58,6 +60,14 @@ pub fn router(state: Shared) -> Router {
         .route("/detokenize", post(crate::extra::detokenize))
         .route("/v1/embeddings", post(crate::extra::embeddings))
         .route("/embeddings", post(crate::extra::embeddings))
+        .route("/v1/responses", post(crate::responses::create))
+        .route("/responses", post(crate::responses::create))
+        .route("/v1/responses/{id}", get(crate::responses::get))
+        .route("/v1/messages", post(crate::messages::create))
+        .route(
+            "/v1/messages/count_tokens",
+            post(crate::messages::count_tokens),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
@@ -86,6 +96,10 @@ const ENDPOINTS: &[&str] = &[
     "/detokenize",
     "/v1/embeddings",
     "/embeddings",
+    "/v1/responses",
+    "/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
 ];
 
 /// Count every answer by endpoint and status.
@@ -101,18 +115,27 @@ async fn count(State(s): State<Shared>, req: Request, next: Next) -> Response {
     resp
 }
 
-/// With `--api-key`, every route but `/health` needs `Authorization: Bearer KEY`.
+/// With `--api-key`, every route but `/health` needs `Authorization: Bearer
+/// KEY` (or `x-api-key: KEY`, as Anthropic's clients send it).
 async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
         let path = req.uri().path();
         if path != "/health" && path != "/v1/health" {
-            let given = req
-                .headers()
+            let h = req.headers();
+            let bearer = h
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .map(str::trim);
-            if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
+            let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
+            let ok = [bearer, x_key]
+                .into_iter()
+                .flatten()
+                .any(|g| same(g.as_bytes(), key.as_bytes()));
+            if !ok {
+                if path.starts_with("/v1/messages") {
+                    return crate::messages::AnthropicError(ApiError::Unauthorized).into_response();
+                }
                 return ApiError::Unauthorized.into_response();
             }
         }
@@ -169,7 +192,7 @@ async fn metrics(State(s): State<Shared>) -> Response {
 /// Read a request body of at most `limit` bytes. A larger one is still read
 /// (and dropped) up to [`DRAIN_CAP`] before the 413, so a client that is
 /// still sending sees the answer instead of a reset connection.
-async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
     let mut stream = body.into_data_stream();
     let mut buf = Vec::new();
     let mut total = 0usize;
@@ -217,7 +240,7 @@ pub(crate) async fn json_body(body: Body, limit: usize) -> Result<serde_json::Va
 }
 
 /// Queue a job, or 503 when the queue is full.
-fn submit(
+pub(crate) fn submit(
     s: &AppState,
     prompt: Vec<u32>,
     max_tokens: usize,
@@ -248,7 +271,7 @@ fn submit(
     Ok(crate::ops::observe(rx))
 }
 
-fn sse_response(stream: SseStream) -> Response {
+pub(crate) fn sse_response(stream: SseStream) -> Response {
     let mut resp = Response::new(Body::from_stream(stream));
     let h = resp.headers_mut();
     h.insert(
@@ -258,15 +281,6 @@ fn sse_response(stream: SseStream) -> Response {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     resp
-}
-
-/// What the chat template produced for one request.
-struct ChatPrompt {
-    ids: Vec<u32>,
-    /// Text appended to force a tool call.
-    prefix: String,
-    /// The prompt ends inside an open `<think>` block.
-    in_think: bool,
 }
 
 async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError> {
@@ -311,37 +325,18 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         ));
     };
     let parse_special = crate::prompt::parse_special(&v)?;
-    let tok = s.tokenizer.clone();
-    let think = tok.token_to_id("<think>").is_some();
-    let forced = plan.forced_prefix.clone();
-    let tools = plan.tools.clone();
-    // Rendering and tokenizing take a while for long conversations.
-    let p = tokio::task::spawn_blocking(move || -> Result<ChatPrompt, ApiError> {
-        let r = crate::prompt::render(
-            &template,
-            &tok,
-            &messages,
-            tools.as_ref(),
-            enable_thinking,
-            parse_special,
-        )
-        .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
-        let in_think = think && r.text.trim_end().ends_with("<think>");
-        // Constrained output starts after the reasoning: close it.
-        let prefix = if in_think && (constrained || !forced.is_empty()) {
-            format!("\n</think>\n\n{forced}")
-        } else {
-            forced
-        };
-        let ids = r.encode(&tok, &prefix);
-        Ok(ChatPrompt {
-            ids,
-            prefix,
-            in_think,
-        })
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let p = crate::prompt::build(
+        &s,
+        template,
+        messages,
+        plan.tools.clone(),
+        plan.forced_prefix.clone(),
+        constrained,
+        enable_thinking,
+        parse_special,
+        None,
+    )
+    .await?;
     request::check_prompt_len(p.ids.len(), &s.limits, "messages")?;
     let budget = g.budget(p.ids.len(), &s.limits, s.limits.max_tokens_limit);
     let lp = crate::extra::logprobs_request(&v, true)?;
@@ -352,7 +347,7 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         model: s.model_id.clone(),
     };
     let mut parser =
-        ChatParser::new(plan.parse, think, p.in_think).with_tool_names(plan.names.clone());
+        ChatParser::new(plan.parse, p.think, p.in_think).with_tool_names(plan.names.clone());
     if xml {
         let schemas = req
             .tools

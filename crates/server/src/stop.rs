@@ -8,6 +8,8 @@ pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
     stopped: bool,
+    /// The stop string that ended the stream.
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -16,12 +18,18 @@ impl StopMatcher {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             pending: String::new(),
             stopped: false,
+            matched: None,
         }
     }
 
     /// Whether a stop string was seen.
     pub fn stopped(&self) -> bool {
         self.stopped
+    }
+
+    /// The stop string that ended the stream, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Add text; returns what can be emitted now, and whether a stop string
@@ -34,9 +42,10 @@ impl StopMatcher {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = first {
+            .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|(at, _)| *at);
+        if let Some((at, s)) = first {
+            self.matched = Some(s.clone());
             let out = self.pending[..at].to_string();
             self.pending.clear();
             self.stopped = true;
@@ -132,5 +141,15 @@ mod tests {
             run(&["日本"], &["今日は日", "曜"]),
             ("今日は日曜".into(), false)
         );
+    }
+
+    #[test]
+    fn the_matched_stop_string_is_the_earliest() {
+        let mut m = StopMatcher::new(vec!["END".into(), "b".into()]);
+        assert_eq!(m.matched(), None);
+        assert_eq!(m.push("aEN"), ("a".to_string(), false));
+        assert_eq!(m.push("Dxb"), (String::new(), true));
+        // "END" starts at 1, "b" at 5: the earlier one ended it.
+        assert_eq!(m.matched(), Some("END"));
     }
 }

@@ -156,9 +156,31 @@ pub trait Chunker: Send {
     fn start(&mut self) -> Vec<String>;
     fn text(&mut self, t: &str) -> Vec<String>;
     fn done(&mut self, d: &Done) -> Vec<String>;
+    /// What ends a finished stream (OpenAI chat and completions: `[DONE]`;
+    /// the Responses and Messages APIs end with their own last event).
+    fn end(&mut self) -> Option<String> {
+        Some("data: [DONE]\n\n".into())
+    }
+    /// The events of a generation that failed.
+    fn error(&mut self, e: ApiError) -> Vec<String> {
+        vec![sse(&e.body())]
+    }
+    /// An event that keeps the stream alive while nothing else comes (a
+    /// long prompt is being computed): agents give up on a stream that is
+    /// quiet for a while (Codex after 300 s) and retry from scratch.
+    fn heartbeat(&mut self) -> Option<String> {
+        None
+    }
+    /// Whether this stream sends heartbeats.
+    fn beats(&self) -> bool {
+        false
+    }
 }
 
-fn sse(json: &impl serde::Serialize) -> String {
+/// How long a stream may be quiet before a heartbeat.
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
+
+pub(crate) fn sse(json: &impl serde::Serialize) -> String {
     format!(
         "data: {}\n\n",
         serde_json::to_string(json).unwrap_or_else(|_| "{}".into())
@@ -347,6 +369,9 @@ pub struct SseStream {
     queue: VecDeque<String>,
     started: bool,
     finished: bool,
+    /// Ticks while the stream is quiet (made at the first poll, inside
+    /// the runtime).
+    beat: Option<tokio::time::Interval>,
 }
 
 impl SseStream {
@@ -357,6 +382,7 @@ impl SseStream {
             queue: VecDeque::new(),
             started: false,
             finished: false,
+            beat: None,
         }
     }
 
@@ -365,16 +391,16 @@ impl SseStream {
             Some(Event::Text(t)) => self.queue.extend(self.chunker.text(&t)),
             Some(Event::Done(d)) => {
                 self.queue.extend(self.chunker.done(&d));
-                self.queue.push_back("data: [DONE]\n\n".into());
+                self.queue.extend(self.chunker.end());
                 self.finished = true;
             }
             Some(Event::Error(e)) => {
-                self.queue.push_back(sse(&ApiError::Internal(e).body()));
+                self.queue.extend(self.chunker.error(ApiError::Internal(e)));
                 self.finished = true;
             }
             None => {
-                self.queue
-                    .push_back(sse(&ApiError::Internal("the engine stopped".into()).body()));
+                let e = ApiError::Internal("the engine stopped".into());
+                self.queue.extend(self.chunker.error(e));
                 self.finished = true;
             }
         }
@@ -392,10 +418,30 @@ impl futures_core::Stream for SseStream {
             this.queue.extend(first);
         }
         // Take everything that is ready, send it as one write.
+        let mut heard = false;
         while !this.finished {
             match this.rx.poll_recv(cx) {
-                Poll::Ready(ev) => this.on_event(ev),
+                Poll::Ready(ev) => {
+                    heard = true;
+                    this.on_event(ev)
+                }
                 Poll::Pending => break,
+            }
+        }
+        if !this.finished {
+            if this.beat.is_none() && this.chunker.beats() {
+                let start = tokio::time::Instant::now() + HEARTBEAT;
+                this.beat = Some(tokio::time::interval_at(start, HEARTBEAT));
+            }
+            if let Some(beat) = &mut this.beat {
+                if heard {
+                    beat.reset();
+                }
+                if beat.poll_tick(cx).is_ready() && this.queue.is_empty() {
+                    this.queue.extend(this.chunker.heartbeat());
+                    // Register for the next tick.
+                    let _ = beat.poll_tick(cx);
+                }
             }
         }
         if this.queue.is_empty() {
@@ -425,6 +471,7 @@ mod tests {
             prompt_secs: 0.0,
             decode_secs: 0.0,
             logprobs: Vec::new(),
+            stop_sequence: None,
         }
     }
 

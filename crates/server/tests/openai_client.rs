@@ -3,7 +3,7 @@
 //! (`tests/python/`), and raw HTTP checks what a client library hides.
 //!
 //! Needs the demo model (`bash scripts/fetch-demo-model.sh`, or
-//! `REDLITE_DEMO_MODEL`) and `REDLITE_PYTHON` with `openai` and `pytest`
+//! `REDLITE_DEMO_MODEL`) and `REDLITE_PYTHON` with `openai`, `anthropic` and `pytest`
 //! (scripts/test.sh sets both up). Without them the tests skip loudly, and
 //! fail when `CI` is set.
 
@@ -31,7 +31,7 @@ fn demo_model() -> Option<PathBuf> {
 fn python() -> Option<String> {
     let py = std::env::var("REDLITE_PYTHON").ok()?;
     let ok = Command::new(&py)
-        .args(["-c", "import openai, pytest, jsonschema"])
+        .args(["-c", "import openai, anthropic, pytest, jsonschema"])
         .status()
         .is_ok_and(|s| s.success());
     ok.then_some(py)
@@ -96,7 +96,7 @@ fn metric(server: &RunningServer, name: &str) -> f64 {
 fn openai_python_client() {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(py) = python() else {
-        skip("REDLITE_PYTHON is unset or lacks `openai`/`pytest`/`jsonschema` (scripts/test.sh installs them)");
+        skip("REDLITE_PYTHON is unset or lacks `openai`/`anthropic`/`pytest`/`jsonschema` (scripts/test.sh installs them)");
         return;
     };
     let Some(server) = start(Some(KEY)) else {

@@ -1,0 +1,177 @@
+//! What the Responses and Messages endpoints share: their conversations
+//! become the chat template's messages, their tools the chat route's
+//! tools, and their sampling fields the chat route's checks.
+
+use crate::api::{FunctionDef, SamplingFields, Stop, Tool};
+use crate::error::{parse_json, ApiError};
+use crate::request::{self, GenParams, Limits};
+use redlite_tokenizer::{ChatMessage, FunctionCall, ToolCall};
+use serde_json::Value;
+
+/// Parse `v` (found at `at` in the body) as `T`; a 400 names the field
+/// by its whole path, e.g. `input[2].call_id`.
+pub fn parse_at<T: serde::de::DeserializeOwned>(v: &Value, at: &str) -> Result<T, ApiError> {
+    parse_json(v).map_err(|e| match e {
+        ApiError::BadRequest {
+            message,
+            param,
+            code,
+        } => {
+            let (param, message) = match param {
+                Some(p) => {
+                    let full = if p.starts_with('[') {
+                        format!("{at}{p}")
+                    } else {
+                        format!("{at}.{p}")
+                    };
+                    let m = message.replace(&format!("`{p}`"), &format!("`{full}`"));
+                    (full, m)
+                }
+                None => (
+                    at.to_string(),
+                    message.replace("invalid request body", &format!("invalid `{at}`")),
+                ),
+            };
+            ApiError::BadRequest {
+                message,
+                param: Some(param),
+                code,
+            }
+        }
+        other => other,
+    })
+}
+
+/// A tool call's arguments as the template renders them: the JSON object
+/// a string holds, else the string.
+pub fn args_value(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.to_string()))
+}
+
+/// An assistant's tool call, for the template.
+pub fn tool_call(id: &str, name: &str, arguments: Value) -> ToolCall {
+    ToolCall {
+        id: Some(id.to_string()),
+        kind: "function".into(),
+        function: FunctionCall {
+            name: name.to_string(),
+            arguments,
+        },
+    }
+}
+
+/// The name of the tool whose call `id` answers, from the conversation so far.
+pub fn tool_name(msgs: &[ChatMessage], id: &str) -> Option<String> {
+    msgs.iter().rev().find_map(|m| {
+        m.tool_calls
+            .iter()
+            .find(|t| t.id.as_deref() == Some(id))
+            .map(|t| t.function.name.clone())
+    })
+}
+
+/// Add a tool call to the conversation: to the assistant turn that ends it,
+/// or as a new assistant turn.
+pub fn push_call(msgs: &mut Vec<ChatMessage>, call: ToolCall) {
+    match msgs.last_mut() {
+        Some(m) if m.role == "assistant" => m.tool_calls.push(call),
+        _ => msgs.push(ChatMessage {
+            role: "assistant".into(),
+            tool_calls: vec![call],
+            ..ChatMessage::default()
+        }),
+    }
+}
+
+/// A function tool in the chat route's shape.
+pub fn function_tool(
+    name: String,
+    description: Option<String>,
+    parameters: Option<Value>,
+    strict: Option<bool>,
+) -> Tool {
+    Tool {
+        kind: "function".into(),
+        function: FunctionDef {
+            name,
+            description,
+            parameters,
+            strict,
+        },
+    }
+}
+
+/// The sampling fields both endpoints have, checked as the chat route
+/// checks them; `max_field` names the length field in errors.
+#[allow(clippy::too_many_arguments)]
+pub fn gen_params(
+    max_field: &str,
+    max_tokens: Option<u64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u64>,
+    stop: Option<Vec<String>>,
+    stream: bool,
+    limits: &Limits,
+) -> Result<GenParams, ApiError> {
+    if max_tokens == Some(0) {
+        return Err(ApiError::invalid(
+            max_field,
+            format!("`{max_field}` must be at least 1"),
+        ));
+    }
+    let fields = SamplingFields {
+        max_tokens,
+        temperature,
+        top_p,
+        top_k,
+        stop: stop.map(Stop::Many),
+        stream: Some(stream),
+        ..SamplingFields::default()
+    };
+    request::gen_params(&fields, limits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Call {
+        call_id: String,
+        arguments: String,
+    }
+
+    #[test]
+    fn errors_name_the_whole_path() {
+        let e = parse_at::<Call>(
+            &serde_json::json!({"call_id": 3, "arguments": ""}),
+            "input[2]",
+        )
+        .unwrap_err();
+        let b = e.body().error;
+        assert_eq!(b.param.as_deref(), Some("input[2].call_id"));
+        assert!(b.message.contains("`input[2].call_id`"), "{}", b.message);
+        let e = parse_at::<Call>(&serde_json::json!({"call_id": "c"}), "input[0]").unwrap_err();
+        assert_eq!(e.body().error.param.as_deref(), Some("input[0].arguments"));
+    }
+
+    #[test]
+    fn calls_join_the_assistant_turn_and_results_find_their_tool() {
+        let mut m = vec![
+            ChatMessage::user("hi"),
+            ChatMessage::assistant("let me see"),
+        ];
+        push_call(&mut m, tool_call("c1", "ls", args_value("{\"d\": \".\"}")));
+        push_call(&mut m, tool_call("c2", "cat", args_value("not json")));
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[1].tool_calls[0].function.arguments["d"], ".");
+        assert_eq!(m[1].tool_calls[1].function.arguments, "not json");
+        assert_eq!(tool_name(&m, "c2").as_deref(), Some("cat"));
+        assert_eq!(tool_name(&m, "c3"), None);
+        let mut n = vec![ChatMessage::user("hi")];
+        push_call(&mut n, tool_call("c1", "ls", Value::Null));
+        assert_eq!(n[1].role, "assistant");
+    }
+}
