@@ -29,6 +29,7 @@ pub mod prompt;
 pub mod request;
 pub mod responses;
 pub mod responses_out;
+pub mod responses_store;
 pub mod routes;
 pub mod statedir;
 pub mod stop;
