@@ -92,6 +92,13 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub model: Option<String>,
     pub prompt: Prompt,
+    /// Return the prompt's text before the completion.
+    #[serde(default)]
+    pub echo: Option<bool>,
+    /// Text after the insertion point: the prompt becomes a
+    /// fill-in-the-middle prompt through the model's FIM tokens.
+    #[serde(default)]
+    pub suffix: Option<String>,
 }
 
 /// A completion prompt: text, or token ids; a list of one is accepted.

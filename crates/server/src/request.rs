@@ -418,6 +418,51 @@ pub fn check_prompt_len(n: usize, limits: &Limits, param: &str) -> Result<(), Ap
     Ok(())
 }
 
+/// The fill-in-the-middle tokens of a vocabulary (prefix, suffix, middle),
+/// by the names the code models use: Qwen2.5-Coder / Qwen3-Coder
+/// (`<|fim_prefix|>` ...) and StarCoder (`<fim_prefix>` ...).
+pub fn fim_tokens(token_to_id: impl Fn(&str) -> Option<u32>) -> Option<[u32; 3]> {
+    let sets = [
+        ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
+        ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
+    ];
+    sets.iter().find_map(|names| {
+        Some([
+            token_to_id(names[0])?,
+            token_to_id(names[1])?,
+            token_to_id(names[2])?,
+        ])
+    })
+}
+
+/// A fill-in-the-middle prompt in the prefix-suffix-middle order the
+/// Qwen coder models are trained on: `<prefix> prompt <suffix> suffix
+/// <middle>`; the model writes the middle. The texts are plain (their
+/// control-token text is not parsed).
+pub fn fim_prompt(
+    fim: [u32; 3],
+    prompt: &Prompt,
+    suffix: &str,
+    encode: impl Fn(&str) -> Vec<u32>,
+) -> Result<Vec<u32>, ApiError> {
+    let text = match prompt {
+        Prompt::Text(t) => t.as_str(),
+        Prompt::TextList(v) if v.len() == 1 => v[0].as_str(),
+        _ => {
+            return Err(ApiError::invalid(
+                "suffix",
+                "`suffix` needs the prompt as one text",
+            ))
+        }
+    };
+    let mut ids = vec![fim[0]];
+    ids.extend(encode(text));
+    ids.push(fim[1]);
+    ids.extend(encode(suffix));
+    ids.push(fim[2]);
+    Ok(ids)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,8 @@
 //! The HTTP routes, authentication and request counting.
 
-use crate::api::{ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingFields};
+use crate::api::{
+    ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, Prompt, SamplingFields,
+};
 use crate::engine::{EngineHandle, Event, Job};
 use crate::error::{parse_json, ApiError};
 use crate::metrics::Metrics;
@@ -391,10 +393,46 @@ async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, Ap
         &mut g.sampler,
     )?;
     g.grammar = crate::constrain::output_grammar(&v)?;
+    let echo = req.echo.unwrap_or(false);
+    let suffix = req.suffix.clone().filter(|x| !x.is_empty());
+    if echo && suffix.is_some() {
+        return Err(ApiError::invalid(
+            "echo",
+            "`echo` and `suffix` cannot be used together",
+        ));
+    }
+    if echo && v.get("logprobs").is_some_and(|l| !l.is_null()) {
+        return Err(ApiError::invalid(
+            "echo",
+            "`echo` with `logprobs` (the prompt tokens' logprobs) is not supported",
+        ));
+    }
+    let fim = match &suffix {
+        Some(_) => Some(
+            request::fim_tokens(|t| s.tokenizer.token_to_id(t)).ok_or_else(|| {
+                ApiError::invalid(
+                    "suffix",
+                    "this model's vocabulary has no fill-in-the-middle tokens",
+                )
+            })?,
+        ),
+        None => None,
+    };
     let tok = s.tokenizer.clone();
     let n_vocab = s.n_vocab;
-    let ids = tokio::task::spawn_blocking(move || {
-        request::completion_prompt(&req.prompt, |t| tok.encode(t, true), n_vocab)
+    let prompt = req.prompt.clone();
+    let (ids, echoed) = tokio::task::spawn_blocking(move || {
+        let ids = match (fim, &suffix) {
+            (Some(f), Some(sfx)) => request::fim_prompt(f, &prompt, sfx, |t| tok.encode(t, false))?,
+            _ => request::completion_prompt(&prompt, |t| tok.encode(t, true), n_vocab)?,
+        };
+        // The prompt as sent; token prompts as their text.
+        let echoed = echo.then(|| match &prompt {
+            Prompt::Text(t) => t.clone(),
+            Prompt::TextList(v) if v.len() == 1 => v[0].clone(),
+            _ => tok.decode_with(&ids, false),
+        });
+        Ok::<_, ApiError>((ids, echoed))
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))??;
@@ -412,6 +450,7 @@ async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, Ap
         let chunker = CompletionChunker {
             meta: meta.clone(),
             include_usage: g.include_usage,
+            echo: echoed,
         };
         let chunker = crate::extra::stream_chunker(
             Box::new(chunker),
@@ -424,6 +463,10 @@ async fn completions(State(s): State<Shared>, body: Body) -> Result<Response, Ap
         return Ok(sse_response(SseStream::new(rx, chunker)));
     }
     let (text, done) = stream::collect(&mut rx).await?;
+    let text = match echoed {
+        Some(p) => p + &text,
+        None => text,
+    };
     let mut out = stream::completion(&meta, text, &done);
     if lp.is_some() {
         out.choices[0].logprobs = Some(crate::extra::completion_logprobs(

@@ -316,6 +316,8 @@ impl Chunker for ChatChunker {
 pub struct CompletionChunker {
     pub meta: Meta,
     pub include_usage: bool,
+    /// `echo`: the prompt's text, sent as the first chunk.
+    pub echo: Option<String>,
 }
 
 impl CompletionChunker {
@@ -339,7 +341,10 @@ impl CompletionChunker {
 
 impl Chunker for CompletionChunker {
     fn start(&mut self) -> Vec<String> {
-        Vec::new()
+        match self.echo.take() {
+            Some(p) => vec![self.chunk(p, None)],
+            None => Vec::new(),
+        }
     }
     fn text(&mut self, t: &str) -> Vec<String> {
         vec![self.chunk(t.to_string(), None)]
@@ -586,6 +591,7 @@ mod tests {
             Box::new(CompletionChunker {
                 meta: meta(),
                 include_usage: false,
+                echo: None,
             }),
         ));
         assert_eq!(chunks[0]["choices"][0]["text"], "a");

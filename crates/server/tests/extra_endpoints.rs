@@ -183,4 +183,34 @@ fn extra_endpoints_over_http() {
     assert!(with_lp[0] < finish, "{events:?}");
     assert!(events.last().unwrap()["usage"].is_object(), "{events:?}");
     // Chat logprobs need a chat template: tests/python/test_extra.py.
+
+    // echo: the prompt's text before the completion, whole and streamed.
+    let req = json!({"prompt": "a b c", "max_tokens": 2, "temperature": 0});
+    let (_, plain) = http(&server, "POST", "/v1/completions", &req.to_string());
+    let mut req = req;
+    req["echo"] = json!(true);
+    let (st, v) = http(&server, "POST", "/v1/completions", &req.to_string());
+    assert_eq!(st, 200, "{v}");
+    let plain_text = plain["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(v["choices"][0]["text"], format!("a b c{plain_text}"), "{v}");
+    req["stream"] = json!(true);
+    let events = sse_events(&server, "/v1/completions", &req.to_string());
+    assert_eq!(events[0]["choices"][0]["text"], "a b c", "{events:?}");
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(streamed, format!("a b c{plain_text}"), "{events:?}");
+    // What cannot be honoured is refused, naming the field: echo with
+    // prompt logprobs, echo with suffix, and suffix on a vocabulary
+    // without fill-in-the-middle tokens (this fixture's).
+    for (req, param) in [
+        (json!({"prompt": "a", "echo": true, "logprobs": 1}), "echo"),
+        (json!({"prompt": "a", "echo": true, "suffix": "b"}), "echo"),
+        (json!({"prompt": "a", "suffix": "b"}), "suffix"),
+    ] {
+        let (st, v) = http(&server, "POST", "/v1/completions", &req.to_string());
+        assert_eq!(st, 400, "{v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
 }

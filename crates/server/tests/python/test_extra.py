@@ -89,3 +89,37 @@ def test_chat_logprobs_streamed(client, model_id):
     assert text == whole.choices[0].message.content
     assert [t.token for t in lps] == [t.token for t in whole.choices[0].logprobs.content]
     assert "".join(t.token for t in lps) == text
+
+
+def n_tokens(text: str) -> int:
+    status, _, body = raw("POST", "/tokenize", json.dumps({"content": text}).encode())
+    assert status == 200, body
+    return len(json.loads(body)["tokens"])
+
+
+def test_fill_in_the_middle(client, model_id):
+    """`suffix`: the prompt becomes <|fim_prefix|> prompt <|fim_suffix|>
+    suffix <|fim_middle|> (Qwen2.5-Coder's FIM tokens), and the model writes
+    the middle: a function body between a signature and its use."""
+    prefix = "def add(a, b):\n    "
+    suffix = "\n\nprint(add(1, 2))\n"
+    r = client.completions.create(model=model_id, prompt=prefix, suffix=suffix,
+                                  max_tokens=16, temperature=0)
+    assert r.usage.prompt_tokens == n_tokens(prefix) + n_tokens(suffix) + 3
+    text = r.choices[0].text
+    print("middle:", repr(text))
+    assert "return" in text and "a" in text and "b" in text, text
+    plain = client.completions.create(model=model_id, prompt=prefix, max_tokens=4, temperature=0)
+    assert plain.usage.prompt_tokens == n_tokens(prefix)
+
+
+def test_echo(client, model_id):
+    prompt = "def fib(n):"
+    plain = client.completions.create(model=model_id, prompt=prompt, max_tokens=8, temperature=0)
+    echoed = client.completions.create(model=model_id, prompt=prompt, max_tokens=8,
+                                       temperature=0, echo=True)
+    assert echoed.choices[0].text == prompt + plain.choices[0].text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model_id, prompt=prompt, max_tokens=1, echo=True,
+                                  logprobs=1)
+    assert e.value.body["param"] == "echo"
