@@ -169,27 +169,13 @@ ATTN_CHUNK(attn_chunk_kvf16_d256, u16, 8)
 // Grid (ceil(tokens * n_head/n_kv / 64), n_kv), block 128.
 #define FA_BK 32
 
-__device__ __forceinline__ u32 fa_pack(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-__device__ __forceinline__ void fa_mma(float* d, const u32* a, const u32* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // Two consecutive cache values as f16 bits (one word).
 __device__ __forceinline__ u32 fa_kv2(const u16* __restrict__ p) {
     return __ldg(reinterpret_cast<const unsigned int*>(p));
 }
 __device__ __forceinline__ u32 fa_kv2(const float* __restrict__ p) {
     const float2 v = __ldg(reinterpret_cast<const float2*>(p));
-    return fa_pack(v.x, v.y);
+    return pack_h2(v.x, v.y);
 }
 
 template <typename T, int HD>
@@ -218,7 +204,7 @@ __device__ __forceinline__ void attn_flash_body(const float* __restrict__ q,
             const int t = row / r, h = g_kv * r + row % r;
             const float2 x =
                 *reinterpret_cast<const float2*>(q + ((long long)t * n_head + h) * HD + d2);
-            v = fa_pack(x.x, x.y);
+            v = pack_h2(x.x, x.y);
         }
         *reinterpret_cast<u32*>(Qs + rr * LQ + d2) = v;
     }
@@ -275,7 +261,7 @@ __device__ __forceinline__ void attn_flash_body(const float* __restrict__ q,
                 u32 b[2];
                 b[0] = *reinterpret_cast<const u32*>(kb);
                 b[1] = *reinterpret_cast<const u32*>(kb + 8);
-                fa_mma(s[ni], a, b);
+                mma_16816(s[ni], a, b);
             }
         }
         // Scale, mask, online softmax (row hrow: elements e = 2*hrow, 2*hrow+1).
@@ -310,8 +296,8 @@ __device__ __forceinline__ void attn_flash_body(const float* __restrict__ q,
                 rs[e >> 1] += p[e];
             }
             // tile ni is keys 8ni..: k16 step ni/2, A regs (ni%2)*2 + row half
-            pa[ni >> 1][(ni & 1) * 2 + 0] = fa_pack(p[0], p[1]);
-            pa[ni >> 1][(ni & 1) * 2 + 1] = fa_pack(p[2], p[3]);
+            pa[ni >> 1][(ni & 1) * 2 + 0] = pack_h2(p[0], p[1]);
+            pa[ni >> 1][(ni & 1) * 2 + 1] = pack_h2(p[2], p[3]);
         }
 #pragma unroll
         for (int hrow = 0; hrow < 2; hrow++) {
@@ -338,7 +324,7 @@ __device__ __forceinline__ void attn_flash_body(const float* __restrict__ q,
                 u32 b[2];
                 b[0] = *reinterpret_cast<const u32*>(vb);
                 b[1] = *reinterpret_cast<const u32*>(vb + 8);
-                fa_mma(o[j], a, b);
+                mma_16816(o[j], a, b);
             }
         }
     }

@@ -53,23 +53,6 @@ struct GemmArgs {
     int pad;
 };
 
-// Two f32 -> one f16x2 word (lo in the low half), round to nearest even.
-__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// D = A*B + D, m16n8k16, A row-major f16 (4 words), B column-major f16 (2
-// words), f32 accumulators (4).
-__device__ __forceinline__ void mma_16816(float* d, const u32* a, const u32* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 template <class T>
 __device__ __forceinline__ void gemm_body(const GemmArgs& a) {
     __shared__ __align__(16) u16 As[GEMM_BM * GEMM_LDS];

@@ -70,6 +70,17 @@ pub struct Parity {
 }
 
 impl Parity {
+    /// Nothing compared yet (the worst case starts as agreement).
+    fn start() -> Self {
+        Parity {
+            worst: LogitCmp {
+                argmax_equal: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
     pub fn greedy_equal(&self) -> bool {
         self.greedy_a == self.greedy_b
     }
@@ -100,13 +111,7 @@ pub fn compare(
     }
     a.reset()?;
     b.reset()?;
-    let mut p = Parity {
-        worst: LogitCmp {
-            argmax_equal: true,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let mut p = Parity::start();
     let (mut la, mut lb) = (Vec::new(), Vec::new());
     for &t in prompt {
         la = a.decode(t)?;
@@ -170,13 +175,7 @@ pub fn compare_prefill(
     }
     a.reset()?;
     b.reset()?;
-    let mut p = Parity {
-        worst: LogitCmp {
-            argmax_equal: true,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let mut p = Parity::start();
     let all = a.prefill(prompt, redlite_model::Logits::All)?;
     let nv = all.len() / prompt.len();
     if nv == 0 || all.len() != nv * prompt.len() {
