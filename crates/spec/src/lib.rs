@@ -32,6 +32,41 @@ pub trait Drafter {
     fn draft(&mut self, history: &[u32], max: usize) -> Vec<u32>;
 }
 
+impl<D: Drafter + ?Sized> Drafter for Box<D> {
+    fn draft(&mut self, history: &[u32], max: usize) -> Vec<u32> {
+        (**self).draft(history, max)
+    }
+}
+
+/// A speculator whose drafter was chosen at run time.
+pub type DynSpeculator = Speculator<Box<dyn Drafter + Send>>;
+
+/// Errors of setting speculation up.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("--spec mtp: {0}")]
+    NoMtp(String),
+}
+
+/// The speculator `opts` ask for (None for `--spec none`).
+pub fn from_options(
+    opts: &SpecOptions,
+    model: &redlite_model::Model,
+) -> Result<Option<DynSpeculator>, SpecError> {
+    let _ = model;
+    let drafter: Box<dyn Drafter + Send> = match opts.mode {
+        SpecMode::None => return Ok(None),
+        SpecMode::Lookup => Box::new(PromptLookup::new(opts.ngram_min, opts.ngram_max)),
+        SpecMode::Mtp => {
+            return Err(SpecError::NoMtp(format!(
+                "this {} model has no multi-token-prediction layer (GGUF key `<arch>.nextn_predict_layers`; llama.cpp's converter writes it unless given --no-mtp)",
+                model.arch().name()
+            )))
+        }
+    };
+    Ok(Some(Speculator::new(drafter, *opts)))
+}
+
 impl Drafter for PromptLookup {
     fn draft(&mut self, history: &[u32], max: usize) -> Vec<u32> {
         PromptLookup::draft(self, history, max)
@@ -229,6 +264,11 @@ impl<D: Drafter> Speculator<D> {
             (kept + 1).max(self.draft_len / 2).max(lo)
         }
         .max(lo);
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> SpecStats {
+        self.stats
     }
 
     /// The drafter (its index, for inspection).

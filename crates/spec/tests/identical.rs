@@ -10,7 +10,7 @@
 //! `qwen2_llama_parity.rs`); this guards that speculation changes nothing.
 
 use redlite_engine::{BackendOptions, Engine, Logits, MemoryRequest, Model};
-use redlite_model::sample::{Sampler, SamplerConfig};
+use redlite_model::sample::Sampler;
 use redlite_model::sequence::Sequence;
 use redlite_spec::{Drafter, PromptLookup, SpecOptions, Speculator};
 use std::path::PathBuf;
