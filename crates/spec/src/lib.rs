@@ -19,7 +19,7 @@ pub mod lookup;
 mod options;
 
 pub use lookup::PromptLookup;
-pub use options::{SpecArgs, SpecMode, SpecOptions};
+pub use options::{SpecArgs, SpecMode, SpecOptions, DRAFT_MAX_LIMIT};
 
 use redlite_model::sample::Sampler;
 use redlite_model::sequence::Sequence;
@@ -46,6 +46,27 @@ pub type DynSpeculator = Speculator<Box<dyn Drafter + Send>>;
 pub enum SpecError {
     #[error("--spec mtp: {0}")]
     NoMtp(String),
+}
+
+/// The drafter `opts` ask for, where no model is needed to make it
+/// (prompt lookup; `none` drafts nothing).
+pub fn drafter(opts: &SpecOptions) -> Result<Box<dyn Drafter + Send>, SpecError> {
+    match opts.mode {
+        SpecMode::None => Ok(Box::new(NoDrafts)),
+        SpecMode::Lookup => Ok(Box::new(PromptLookup::new(opts.ngram_min, opts.ngram_max))),
+        SpecMode::Mtp => Err(SpecError::NoMtp(
+            "drafting with the MTP layer is not available in this build's server".into(),
+        )),
+    }
+}
+
+/// Drafts nothing: every step is a plain decode.
+pub struct NoDrafts;
+
+impl Drafter for NoDrafts {
+    fn draft(&mut self, _history: &[u32], _max: usize) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// The speculator `opts` ask for (None for `--spec none`).

@@ -62,6 +62,53 @@ impl Default for SpecOptions {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        spec: SpecArgs,
+    }
+
+    #[test]
+    fn the_flags_default_to_the_options_default_and_bad_values_are_named() {
+        let c = Cli::parse_from(["x"]);
+        assert_eq!(c.spec.options().unwrap(), SpecOptions::default());
+        assert_eq!(
+            SpecArgs::default().options().unwrap(),
+            SpecOptions::default()
+        );
+        let c = Cli::parse_from([
+            "x",
+            "--spec",
+            "lookup",
+            "--draft-max",
+            "8",
+            "--draft-min",
+            "2",
+        ]);
+        let o = c.spec.options().unwrap();
+        assert_eq!((o.mode, o.draft_max, o.draft_min), (SpecMode::Lookup, 8, 2));
+        let e = Cli::parse_from(["x", "--draft-max", "0"])
+            .spec
+            .options()
+            .unwrap_err();
+        assert!(e.contains("--draft-max 0"), "{e}");
+        let e = Cli::parse_from(["x", "--draft-min", "20"])
+            .spec
+            .options()
+            .unwrap_err();
+        assert!(
+            e.contains("--draft-min 20") && e.contains("--draft-max 16"),
+            "{e}"
+        );
+        assert!(Cli::try_parse_from(["x", "--spec", "eagle"]).is_err());
+    }
+}
+
 impl SpecOptions {
     /// A clear error for options that cannot work together.
     pub fn check(&self) -> Result<(), String> {
@@ -107,6 +154,20 @@ pub struct SpecArgs {
     /// Longest n-gram prompt lookup matches (tried first).
     #[arg(long, default_value_t = 4)]
     pub lookup_ngram_max: usize,
+}
+
+impl Default for SpecArgs {
+    /// What the command line gives without these flags.
+    fn default() -> Self {
+        let o = SpecOptions::default();
+        SpecArgs {
+            spec: o.mode,
+            draft_max: o.draft_max,
+            draft_min: o.draft_min,
+            lookup_ngram_min: o.ngram_min,
+            lookup_ngram_max: o.ngram_max,
+        }
+    }
 }
 
 impl SpecArgs {
