@@ -230,6 +230,7 @@ fn a_grammar_constrains_the_output_and_ends_it() {
         events: tx,
         logprobs: None,
         grammar: Some(g.clone()),
+        spec: Default::default(),
     }));
     let mut out = String::new();
     let done = loop {
