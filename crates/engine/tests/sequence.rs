@@ -305,3 +305,14 @@ fn accept_without_a_verify_pass_is_an_error() {
     assert!(err.contains("context"), "{err}");
     assert_eq!(short.pos(), PROMPT.len());
 }
+
+#[test]
+fn the_parity_tools_verify_round_trip_passes_on_the_cpu() {
+    let mut e = engine("tiny-qwen3next-q4_k_m.gguf", 32, 2);
+    let mut seq = e.open_sequence(0).unwrap();
+    let (differing, compared) =
+        redlite_engine::parity::verify_roundtrip(&mut *seq, &PROMPT, &NEXT).unwrap();
+    assert_eq!(differing, 0);
+    // (n + 1) passes of n rows, plus the tokens decoded after each keep.
+    assert_eq!(compared, 5 * 4 + (4 + 3 + 2 + 1));
+}
