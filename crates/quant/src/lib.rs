@@ -22,6 +22,6 @@ pub use matvec::{matvec, matvec_f32};
 pub use redlite_gguf::GgmlType;
 pub use reference::{reference_mode, set_reference_mode, ReferenceMode, ReferenceModeError};
 pub use registry::{
-    dequantize, dot, dot_multi, dot_rows_fn, gemm_fn, kernels, quantize, quantize_activations,
-    DotMultiFn, DotRowsFn, GemmFn, Kernels, MULTI_MAX,
+    batch_matches_decode, dequantize, dot, dot_multi, dot_rows_fn, gemm_fn, kernels, quantize,
+    quantize_activations, DotMultiFn, DotRowsFn, GemmFn, Kernels, MULTI_MAX,
 };

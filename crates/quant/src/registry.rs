@@ -116,6 +116,17 @@ pub fn gemm_fn(ty: GgmlType) -> Option<GemmFn> {
     crate::legacy::multi::gemm_fn(ty)
 }
 
+/// Whether a batch through the GEMM-shaped kernels of `ty` ([`gemm_fn`],
+/// else `dot_multi`) gives, per (row, record), the bits that
+/// [`dot_rows_fn`] or `dot_fast` give for the record alone (the kernels
+/// of `ty` share one summation order). Callers that need single-token
+/// results (a speculative verify pass) may batch such formats; the others
+/// must run each token through the single-record kernels.
+pub fn batch_matches_decode(ty: GgmlType) -> bool {
+    crate::legacy::multi::batch_matches_decode(ty)
+        || crate::kquants::multi::batch_matches_decode(ty)
+}
+
 /// Whether the process's [`crate::ReferenceMode`] forces the scalar
 /// reference kernels.
 pub(crate) fn use_reference() -> bool {

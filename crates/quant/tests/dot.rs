@@ -166,9 +166,9 @@ fn registry_dot_and_matvec_agree_with_kernels() {
 }
 
 /// `dot_multi` (one row × up to `MULTI_MAX` records, strided and unaligned)
-/// against `dot_fast` per record: bit-for-bit for the K-quant tiles (each
-/// record's arithmetic in the single-row kernel's order), within
-/// `fast_budget` of both `dot_fast` and the reference for the legacy tiles. The registry entry point with a type
+/// against `dot_fast` per record: bit-for-bit for every tile (each
+/// record's arithmetic in the single-row kernel's order), and within
+/// `fast_budget` of the reference. The registry entry point with a type
 /// that has no `dot_multi` loops over `dot_fast`.
 #[test]
 fn dot_multi_matches_dot_fast_and_reference() {
@@ -180,8 +180,6 @@ fn dot_multi_matches_dot_fast_and_reference() {
         GgmlType::Q4_K,
         GgmlType::Q6_K,
     ];
-    // Tiles whose per-record arithmetic is the single-row kernel's, in order.
-    let bitwise = [GgmlType::Q4_K, GgmlType::Q6_K];
     for &ty in MY_TYPES {
         let k = kernels(ty).unwrap();
         assert_eq!(
@@ -215,17 +213,12 @@ fn dot_multi_matches_dot_fast_and_reference() {
                 }
                 for (t, a) in acts.iter().enumerate() {
                     let fast = (k.dot_fast)(&row, a);
-                    if bitwise.contains(&ty) {
-                        assert_eq!(
-                            out[t].to_bits(),
-                            fast.to_bits(),
-                            "{ty} len {len} n {n} record {t}: multi {} vs fast {fast}",
-                            out[t]
-                        );
-                        continue;
-                    }
-                    // Legacy tiles of four records use one accumulator per
-                    // record (the single-row dot two): f32 rounding only.
+                    assert_eq!(
+                        out[t].to_bits(),
+                        fast.to_bits(),
+                        "{ty} len {len} n {n} record {t}: multi {} vs fast {fast}",
+                        out[t]
+                    );
                     let mut w = vec![0f32; len];
                     (k.dequantize)(&row, &mut w);
                     let mut av = vec![0f32; len];
@@ -237,14 +230,12 @@ fn dot_multi_matches_dot_fast_and_reference() {
                         .sum::<f64>()
                         .max(f64::MIN_POSITIVE);
                     let r = (k.dot_reference)(&row, a) as f64;
-                    for (what, v) in [("fast", fast as f64), ("reference", r)] {
-                        let e = (out[t] as f64 - v).abs() / mag;
-                        assert!(
-                            e <= fast_budget(ty),
-                            "{ty} len {len} n {n} record {t}: multi {} vs {what} {v} (rel {e:e})",
-                            out[t]
-                        );
-                    }
+                    let e = (out[t] as f64 - r).abs() / mag;
+                    assert!(
+                        e <= fast_budget(ty),
+                        "{ty} len {len} n {n} record {t}: multi {} vs reference {r} (rel {e:e})",
+                        out[t]
+                    );
                 }
             }
         }

@@ -427,6 +427,15 @@ mod avx2 {
     gemm_k!(gemm_q6_k, BlockQ6K, DecodedQ6K, decode_q6_k, pair_q6_k);
 }
 
+/// Whether the batched kernels of `ty` give the single dot's bits per
+/// (row, record): true for the formats of this module (the tiles and the
+/// GEMM keep `dot_*_fast`'s order, tested in `gemm_k_equals_single_row_dot`
+/// and `tests/batch_exact.rs`).
+pub fn batch_matches_decode(ty: redlite_gguf::GgmlType) -> bool {
+    use redlite_gguf::GgmlType as T;
+    matches!(ty, T::Q4_K | T::Q6_K)
+}
+
 use crate::legacy::multi::gemm_dispatch;
 
 gemm_dispatch!(gemm_q4_k_fast, gemm_q4_k, multi_q4_k);
