@@ -214,10 +214,13 @@ pub enum Batching {
     /// GEMM-shaped kernels (prompt processing).
     #[default]
     Gemm,
-    /// Every token through the one-token (decode) kernels, a block of rows
-    /// at a time so that the block comes from memory once for all tokens:
-    /// each value is bit for bit what the token alone gives (a speculative
-    /// verify pass, whose tokens must be the ones plain decoding picks).
+    /// Each value bit for bit what the token alone gives (a speculative
+    /// verify pass, whose tokens must be the ones plain decoding picks):
+    /// the GEMM-shaped kernels for formats whose batched and one-token
+    /// kernels share a summation order (`redlite_quant::batch_matches_decode`:
+    /// Q4_0, Q5_0, Q8_0, Q4_K, Q6_K), else every token through the one-token
+    /// kernels, a block of rows at a time so that the block comes from
+    /// memory once for all tokens.
     AsDecode,
 }
 
@@ -254,7 +257,10 @@ fn rows_block(
     scratch: &mut Vec<f32>,
     batching: Batching,
 ) -> Result<(), CpuError> {
-    if batching == Batching::AsDecode && n > 1 {
+    // Formats whose batched kernels sum each (row, token) in the decode
+    // kernels' order take the normal batched path: same bits, weights
+    // decoded once per token group. The others run token by token.
+    if batching == Batching::AsDecode && n > 1 && !redlite_quant::batch_matches_decode(w.ty) {
         for t in 0..n {
             let (one, x) = match prep {
                 Prep::Quant { bytes, stride } => (
