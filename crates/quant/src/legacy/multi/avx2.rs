@@ -263,8 +263,8 @@ fn rows_signed<const R: usize, B, D: Decode<B>>(
 
 /// `R <= 4` weight rows × one record (decode), half-block fold order with
 /// unsigned weights: `decode` gives value + `OFF` as bytes, which
-/// `maddubs` takes as they are; `OFF · Σv` of the activation block (folded
-/// once, shared by the rows) is subtracted in the integer domain. The four
+/// `maddubs` takes as they are; `OFF · Σv` of the activation block is
+/// subtracted in the integer domain. The four
 /// rows' dots share one folded vector: lane `r` / `r + 4` is row `r`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -287,18 +287,19 @@ fn rows_fold<const R: usize, const OFF: i8, B, D: Decode<B>>(
         let b = &y[i];
         // SAFETY: `b.qs` is 32 readable bytes.
         let v = unsafe { load32(b.qs.as_ptr().cast()) };
+        // Subtracted per row before the fold (one `vpsubd` each, any ALU
+        // port) rather than folded once and subtracted after (three more
+        // `hadd`s on the shuffle port); the integers are the same.
         let c = _mm256_madd_epi16(_mm256_maddubs_epi16(off, v), ones);
-        let corr = fold4([c; 4]);
         let dy = f16[u16::from_le_bytes(b.d) as usize];
         let mut p = [_mm256_setzero_si256(); 4];
         let mut d = [0f32; 4];
         for r in 0..R {
             let (q, dx) = decode(&x[r][i]);
-            p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, v), ones);
+            p[r] = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q, v), ones), c);
             d[r] = f16[u16::from_le_bytes(dx) as usize] * dy;
         }
-        let h = _mm256_sub_epi32(fold4(p), corr);
-        acc = _mm256_fmadd_ps(twice(d), _mm256_cvtepi32_ps(h), acc);
+        acc = _mm256_fmadd_ps(twice(d), _mm256_cvtepi32_ps(fold4(p)), acc);
     }
     let v = unfold(acc);
     core::array::from_fn(|r| v[r])
