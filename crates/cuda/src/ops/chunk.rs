@@ -5,6 +5,7 @@
 //! rows it hands a kernel lie inside their buffer.
 
 use super::attention::{AttnDims, KvCache};
+use super::attn_prep::AttnPrepArgs;
 use super::deltanet::{GdnDims, GdnWeights};
 use super::router::ROUTER_MAX_N;
 use crate::device::{cfg, dptr, i32_of, Gpu};
@@ -76,36 +77,39 @@ pub fn attn_prep_chunk(
     ensure!(inv_freq.len() >= a.n_rot / 2 && tokens <= 65535);
     ensure!(norms.is_none_or(|(q, k)| q.len() >= hd && k.len() >= hd));
     let (kcp, vcp) = kv.ptrs(gpu);
-    let p: [u64; 6] = [
-        dptr(gpu, norms.map(|n| n.0)),
-        dptr(gpu, norms.map(|n| n.1)),
-        dptr(gpu, Some(inv_freq)),
-        qop,
-        kcp,
-        vcp,
-    ];
-    let ld: [i64; 3] = [q_full.ld as i64, k.ld as i64, v.ld as i64];
-    let i: [i32; 6] = [
-        a.n_rot as i32,
-        i32_of(pos0)?,
-        nh as i32,
-        nkv as i32,
-        hd as i32,
-        a.gated as i32,
-    ];
+    let args = AttnPrepArgs {
+        q_full: qfp,
+        k: kp,
+        v: vp,
+        q_norm: dptr(gpu, norms.map(|n| n.0)),
+        k_norm: dptr(gpu, norms.map(|n| n.1)),
+        inv_freq: dptr(gpu, Some(inv_freq)),
+        // null: the chunk kernels take positions pos0..
+        pos: 0,
+        q_out: qop,
+        k_cache: kcp,
+        v_cache: vcp,
+        ld_q: q_full.ld as i64,
+        ld_k: k.ld as i64,
+        ld_v: v.ld as i64,
+        n_rot: a.n_rot as i32,
+        pos0: i32_of(pos0)?,
+        n_head: nh as i32,
+        n_kv: nkv as i32,
+        hd: hd as i32,
+        gated: a.gated as i32,
+        eps,
+        pad: 0,
+    };
     let name = kv.ty().kernel("attn_prep_chunk", "");
-    // SAFETY: attn_prep_chunk[_kvf16](q_full, k, v, ld_q, ld_k, ld_v,
-    // q_norm, k_norm, inv_freq, n_rot, pos0, q_out, k_cache, v_cache,
-    // n_head, n_kv, hd, gated, eps); the rows of every token and the cache
+    // SAFETY: attn_prep_chunk[_kvf16](AttnPrepArgs) by value (the struct
+    // mirrors the kernel's); the rows of every token and the cache
     // positions it writes are checked above.
     unsafe {
         gpu.launch(
             &name,
             cfg(((nh + nkv) as u32, tokens as u32), 256),
-            &[
-                &qfp, &kp, &vp, &ld[0], &ld[1], &ld[2], &p[0], &p[1], &p[2], &i[0], &i[1], &p[3],
-                &p[4], &p[5], &i[2], &i[3], &i[4], &i[5], &eps,
-            ],
+            &[&args],
         )
     }
 }
