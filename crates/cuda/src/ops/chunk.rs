@@ -10,7 +10,7 @@ use super::deltanet::{GdnDims, GdnWeights};
 use super::router::ROUTER_MAX_N;
 use crate::device::{cfg, dptr, i32_of, Gpu};
 use crate::error::{ensure, Result};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// Rows of floats in a device buffer: row t is `buf[off + t*ld..][..width]`.
 #[derive(Clone, Copy)]
@@ -45,6 +45,33 @@ impl<'a> Rows<'a> {
         Ok(dptr(gpu, Some(self.buf)) + 4 * self.off as u64)
     }
 }
+
+/// The argument struct of `gdn_recur_chunk_k*` (`GdnRecurArgs` in
+/// `kernels/deltanet_chunk.cu`: same field order and types, device
+/// addresses as u64; the `.cu` asserts the size). `w`: the columns a block
+/// owns (`W`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GdnRecurArgs {
+    pub conv: u64,
+    pub ba: u64,
+    pub ld_ba: i64,
+    pub dt_bias: u64,
+    pub ssm_a: u64,
+    pub state: u64,
+    pub raw: u64,
+    pub n_k: i32,
+    pub n_v: i32,
+    pub dk: i32,
+    pub dv: i32,
+    pub w: i32,
+    pub tokens: i32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers, passed to the kernels
+// by value as the `GdnRecurArgs` it mirrors (offsets checked in the tests,
+// the size by a static_assert in the `.cu`).
+unsafe impl DeviceRepr for GdnRecurArgs {}
 
 /// q/k norm, RoPE and the KV append of `tokens` tokens at positions
 /// `pos0..`; the rotated queries into `q_out` (rows of n_head*hd).
@@ -123,6 +150,31 @@ pub fn flash_smem_bytes(hd: usize) -> usize {
     2 * ((FLASH_ROWS + 32) * (hd + 8) + hd * (32 + 8))
 }
 
+/// The argument struct of every `attn_chunk_*` and `attn_flash_*` kernel
+/// (`AttnChunkArgs` in `kernels/attn_chunk.cu`: same field order and
+/// types, device addresses as u64; the `.cu` asserts the size).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnChunkArgs {
+    pub q: u64,
+    pub kc: u64,
+    pub vc: u64,
+    pub gate: u64,
+    pub gate_ld: i64,
+    pub out: u64,
+    pub n_head: i32,
+    pub n_kv: i32,
+    pub pos0: i32,
+    pub tokens: i32,
+    pub scale: f32,
+    pub pad: i32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers and a float, passed to
+// the kernels by value as the `AttnChunkArgs` it mirrors (offsets checked
+// in the tests, the size by a static_assert in the `.cu`).
+unsafe impl DeviceRepr for AttnChunkArgs {}
+
 /// Causal attention of `tokens` queries (positions `pos0..`) over the
 /// cache; `gate`: the q_full rows (gated layers), out *= sigmoid(gate).
 /// `flash`: on tensor cores (`attn_flash_*`, 64 query rows a block), else
@@ -160,7 +212,20 @@ pub fn attn_chunk(
     };
     let (kcp, vcp) = kv.ptrs(gpu);
     let rows = tokens * (nh / nkv);
-    let (nh_i, nkv_i, p0, t_i) = (nh as i32, nkv as i32, i32_of(pos0)?, i32_of(tokens)?);
+    let args = AttnChunkArgs {
+        q: qp,
+        kc: kcp,
+        vc: vcp,
+        gate: gp,
+        gate_ld: gld,
+        out: op,
+        n_head: nh as i32,
+        n_kv: nkv as i32,
+        pos0: i32_of(pos0)?,
+        tokens: i32_of(tokens)?,
+        scale,
+        pad: 0,
+    };
     if flash {
         let name = kv.ty().kernel("attn_flash", &format!("_d{hd}"));
         let smem = flash_smem_bytes(hd);
@@ -175,37 +240,21 @@ pub fn attn_chunk(
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        // SAFETY: attn_flash[_kvf16]_d{hd}(q, k_cache, v_cache, gate,
-        // gate_ld, out, n_head, n_kv, pos0, tokens, scale); grid
-        // (ceil(tokens*G/64), n_kv), 128 threads, the dynamic shared memory
-        // the kernel lays out (flash_smem_bytes, allowed by the attribute
-        // set above); rows and cache positions checked above.
-        return unsafe {
-            gpu.launch(
-                &name,
-                cfg,
-                &[
-                    &qp, &kcp, &vcp, &gp, &gld, &op, &nh_i, &nkv_i, &p0, &t_i, &scale,
-                ],
-            )
-        };
+        // SAFETY: attn_flash[_kvf16]_d{hd}(AttnChunkArgs) by value (the
+        // struct mirrors the kernel's); grid (ceil(tokens*G/64), n_kv), 128
+        // threads, the dynamic shared memory the kernel lays out
+        // (flash_smem_bytes, allowed by the attribute set above); rows and
+        // cache positions checked above.
+        return unsafe { gpu.launch(&name, cfg, &[&args]) };
     }
     let blocks = rows.div_ceil(8);
     ensure!(blocks <= i32::MAX as usize && nkv <= 65535);
     let name = kv.ty().kernel("attn_chunk", &format!("_d{hd}"));
-    // SAFETY: attn_chunk[_kvf16]_d{hd}(q, k_cache, v_cache, gate, gate_ld,
-    // out, n_head, n_kv, pos0, tokens, scale); grid (ceil(tokens*G/8),
-    // n_kv), 8 warps a block (ACH_WARPS); rows and cache positions checked
-    // above (hd is 64, 128 or 256: AttnDims::check).
-    unsafe {
-        gpu.launch(
-            &name,
-            cfg((blocks as u32, nkv as u32), 256),
-            &[
-                &qp, &kcp, &vcp, &gp, &gld, &op, &nh_i, &nkv_i, &p0, &t_i, &scale,
-            ],
-        )
-    }
+    // SAFETY: attn_chunk[_kvf16]_d{hd}(AttnChunkArgs) by value (the struct
+    // mirrors the kernel's); grid (ceil(tokens*G/8), n_kv), 8 warps a block
+    // (ACH_WARPS); rows and cache positions checked above (hd is 64, 128
+    // or 256: AttnDims::check).
+    unsafe { gpu.launch(&name, cfg((blocks as u32, nkv as u32), 256), &[&args]) }
 }
 
 /// The columns a block of the chunk recurrence takes (W: two a warp) and
@@ -328,22 +377,32 @@ pub fn gdn_chunk(
         s.dv as i32,
         w_cols as i32,
     ];
-    let ld_ba = ba.ld as i64;
-    let (dtb, sa) = (dptr(gpu, Some(w.dt_bias)), dptr(gpu, Some(w.ssm_a)));
+    let args = GdnRecurArgs {
+        conv: convp,
+        ba: bap,
+        ld_ba: ba.ld as i64,
+        dt_bias: dptr(gpu, Some(w.dt_bias)),
+        ssm_a: dptr(gpu, Some(w.ssm_a)),
+        state: statep,
+        raw: rawp,
+        n_k: d[0],
+        n_v: d[1],
+        dk: d[2],
+        dv: d[3],
+        w: d[4],
+        tokens: t_i,
+    };
     let blocks = s.n_v * (s.dv / w_cols);
-    // SAFETY: gdn_recur_chunk_k{dk}(conv, ba, ld_ba, dt_bias, ssm_a,
-    // state, raw, n_k, n_v, dk, dv, W, tokens); grid n_v*dv/W blocks of
-    // 16*W threads (two columns a warp, dk/32 rows a lane: the variant
-    // matches dk, gdn_chunk_split); state n_v*dk*dv floats, conv tokens x
-    // cd, raw tokens x n_v*dv (checked above).
+    // SAFETY: gdn_recur_chunk_k{dk}(GdnRecurArgs) by value (the struct
+    // mirrors the kernel's); grid n_v*dv/W blocks of 16*W threads (two
+    // columns a warp, dk/32 rows a lane: the variant matches dk,
+    // gdn_chunk_split); state n_v*dk*dv floats, conv tokens x cd, raw
+    // tokens x n_v*dv (checked above).
     unsafe {
         gpu.launch(
             recur,
             cfg((blocks as u32, 1), (16 * w_cols) as u32),
-            &[
-                &convp, &bap, &ld_ba, &dtb, &sa, &statep, &rawp, &d[0], &d[1], &d[2], &d[3], &d[4],
-                &t_i,
-            ],
+            &[&args],
         )
     }?;
     let ld_z = z.ld as i64;
@@ -468,5 +527,31 @@ pub fn moe_combine_chunk(
             cfg(((d as u32).div_ceil(256), tokens as u32), 256),
             &[&p[0], &p[1], &p[2], &p[3], &k_i, &d_i, &shp, &slp, &sld],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    /// The structs the chunk kernels read by value, at the sizes the `.cu`
+    /// asserts and the offsets C gives the same declarations.
+    #[test]
+    fn chunk_args_layouts_match_the_kernel_structs() {
+        // 6 pointers and an i64, 6 i32 = 80 bytes
+        assert_eq!(size_of::<GdnRecurArgs>(), 80);
+        assert_eq!(align_of::<GdnRecurArgs>(), 8);
+        assert_eq!(offset_of!(GdnRecurArgs, ld_ba), 16);
+        assert_eq!(offset_of!(GdnRecurArgs, raw), 48);
+        assert_eq!(offset_of!(GdnRecurArgs, n_k), 56);
+        assert_eq!(offset_of!(GdnRecurArgs, tokens), 76);
+        // 5 pointers and an i64, 4 i32, an f32 and the pad = 72 bytes
+        assert_eq!(size_of::<AttnChunkArgs>(), 72);
+        assert_eq!(align_of::<AttnChunkArgs>(), 8);
+        assert_eq!(offset_of!(AttnChunkArgs, gate_ld), 32);
+        assert_eq!(offset_of!(AttnChunkArgs, n_head), 48);
+        assert_eq!(offset_of!(AttnChunkArgs, scale), 64);
+        assert_eq!(offset_of!(AttnChunkArgs, pad), 68);
     }
 }
