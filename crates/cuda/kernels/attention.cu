@@ -140,7 +140,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
     const int G = n_head / n_kv, ngroups = G / GB;
     const int kvh = blockIdx.x / ngroups, h0 = kvh * G + (blockIdx.x % ngroups) * GB;
     const int split = blockIdx.y;
-    const int n = *pos_p + 1;
+    const int n = __ldg(pos_p) + 1;
     const int chunk = (n + nsplit - 1) / nsplit;
     const int start = split * chunk, end = min(n, start + chunk);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -159,7 +159,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
         l[g] = 0.0f;
 #pragma unroll
         for (int d = 0; d < DPL; d++) {
-            qr[g][d] = q[(long long)(h0 + g) * HD + lane * DPL + d];
+            qr[g][d] = __ldg(&q[(long long)(h0 + g) * HD + lane * DPL + d]);
             acc[g][d] = 0.0f;
         }
     }
@@ -279,14 +279,29 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
 // for 1, as the one-wave grid of default_nsplit needs: left to its
 // occupancy heuristic ptxas capped attn_split_kvf16_g4_d4 at 64 registers
 // and spilled. The f32 kernels keep their measured allocation.
+// The kernels' arguments, one struct passed by value (mirrored by
+// `AttnSplitArgs` in src/ops/attention.rs, #[repr(C)]: same field order and
+// types; the caches are float or u16 (f16 bits) by kernel). NVRTC applies
+// `__restrict__` only to kernel parameters, so the body reads q, pos and
+// the caches (load_row, the f16 loads) through __ldg.
+struct AttnSplitArgs {
+    const float* q;
+    const void* kc;
+    const void* vc;
+    const int* pos_p;
+    float* part_o;
+    float* part_ml;
+    int n_head, n_kv, nsplit;
+    float scale;
+};
+static_assert(sizeof(AttnSplitArgs) == 64, "AttnSplitArgs: layout differs from src/ops/attention.rs");
+
 #define ATTN_SPLIT_T(NAME, T, GB, DPL, MINB)                                                    \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, MINB)                           \
-        NAME(const float* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,    \
-             const int* __restrict__ pos_p, float* __restrict__ part_o,                          \
-             float* __restrict__ part_ml, int n_head, int n_kv, int nsplit, float scale) {       \
+        NAME(__grid_constant__ const AttnSplitArgs a) {                                          \
         PDL_PROLOGUE();                                                                          \
-        attn_split_body<T, GB, DPL>(q, kc, vc, pos_p, part_o, part_ml, n_head, n_kv, nsplit,     \
-                                    scale);                                                      \
+        attn_split_body<T, GB, DPL>(a.q, (const T*)a.kc, (const T*)a.vc, a.pos_p, a.part_o,      \
+                                    a.part_ml, a.n_head, a.n_kv, a.nsplit, a.scale);             \
     }
 
 // Both cache types of one shape: attn_split_gGB_dDPL (f32 KV) and
