@@ -329,18 +329,34 @@ ATTN_SPLIT(8, 8)
 // groups; group g sums slices g, g+4, ... (unrolled so the loads of several
 // slices are in flight), then the 4 groups are added in shared memory in a
 // fixed order. The max M over the slices is taken cooperatively first.
-extern "C" __global__ void __launch_bounds__(256)
-    attn_merge(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-               const float* __restrict__ gate, int gate_stride, float* __restrict__ out,
-               signed char* __restrict__ q8, float* __restrict__ q8d, int nsplit, int hd) {
+// attn_merge's arguments (mirrored by `AttnMergeArgs` in
+// src/ops/attention.rs): the partial results and the gate are read through
+// __ldg, as for attn_split.
+struct AttnMergeArgs {
+    const float* part_o;
+    const float* part_ml;
+    const float* gate;
+    float* out;
+    signed char* q8;
+    float* q8d;
+    int gate_stride, nsplit, hd, pad;
+};
+static_assert(sizeof(AttnMergeArgs) == 64, "AttnMergeArgs: layout differs from src/ops/attention.rs");
+
+extern "C" __global__ void __launch_bounds__(256) attn_merge(__grid_constant__ const AttnMergeArgs a) {
     PDL_PROLOGUE();
+    const float* gate = a.gate;
+    float* out = a.out;
+    signed char* q8 = a.q8;
+    float* q8d = a.q8d;
+    const int gate_stride = a.gate_stride, nsplit = a.nsplit, hd = a.hd;
     __shared__ float red[256];
     __shared__ float sacc[4][64], sl[4][64];
     const int h = blockIdx.x, t = threadIdx.x;
     const int j = blockIdx.y * 64 + (t & 63), grp = t >> 6;
-    const float* ml = part_ml + (long long)h * nsplit * 2;
+    const float* ml = a.part_ml + (long long)h * nsplit * 2;
     float M = -INFINITY;
-    for (int s = t; s < nsplit; s += 256) M = fmaxf(M, ml[2 * s]);
+    for (int s = t; s < nsplit; s += 256) M = fmaxf(M, __ldg(&ml[2 * s]));
     red[t] = M;
     __syncthreads();
     for (int o = 128; o > 0; o >>= 1) {
@@ -349,12 +365,12 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     M = red[0];
     float L = 0.0f, acc = 0.0f;
-    const float* po = part_o + (long long)h * nsplit * hd + j;
+    const float* po = a.part_o + (long long)h * nsplit * hd + j;
 #pragma unroll 4
     for (int s = grp; s < nsplit; s += 4) {
-        const float l = ml[2 * s + 1];
-        const float f = l > 0.0f ? expf(ml[2 * s] - M) : 0.0f;
-        const float o = l > 0.0f ? po[(long long)s * hd] : 0.0f;
+        const float l = __ldg(&ml[2 * s + 1]);
+        const float f = l > 0.0f ? expf(__ldg(&ml[2 * s]) - M) : 0.0f;
+        const float o = l > 0.0f ? __ldg(&po[(long long)s * hd]) : 0.0f;
         L = fmaf(l, f, L);
         acc = fmaf(f, o, acc);
     }
@@ -366,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(256)
         const float A = ((sacc[0][jj] + sacc[1][jj]) + sacc[2][jj]) + sacc[3][jj];
         const float LL = ((sl[0][jj] + sl[1][jj]) + sl[2][jj]) + sl[3][jj];
         float r = A / LL;
-        if (gate) r = __fmul_rn(r, sigmoid_f(gate[(long long)h * gate_stride + j]));
+        if (gate) r = __fmul_rn(r, sigmoid_f(__ldg(&gate[(long long)h * gate_stride + j])));
         out[(long long)h * hd + j] = r;
         if (q8) warp_q8(r, h * hd + j, q8, q8d);  // threads 0..63: two whole warps
     }

@@ -217,21 +217,37 @@ extern "C" __global__ void __launch_bounds__(256)
 //   (+ sh[t*d + j] * sigmoid(sh_logit[t*sh_ld])), the routed sum in the
 //   router's ascending expert order; `pair` maps a token's i-th choice to
 //   its row of the grouped GEMM's output.
+// moe_combine_chunk's arguments (mirrored by `MoeCombineChunkArgs` in
+// src/ops/chunk.rs): the read-only inputs through __ldg, x plain.
+struct MoeCombineChunkArgs {
+    float* x;
+    const float* ys;
+    const int* pair;
+    const float* w;
+    const float* sh;
+    const float* sh_logit;
+    long long sh_ld;
+    int k, d;
+};
+static_assert(sizeof(MoeCombineChunkArgs) == 64,
+              "MoeCombineChunkArgs: layout differs from src/ops/chunk.rs");
+
 extern "C" __global__ void __launch_bounds__(256)
-    moe_combine_chunk(float* __restrict__ x, const float* __restrict__ ys,
-                      const int* __restrict__ pair, const float* __restrict__ w, int k, int d,
-                      const float* __restrict__ sh, const float* __restrict__ sh_logit,
-                      long long sh_ld) {
+    moe_combine_chunk(__grid_constant__ const MoeCombineChunkArgs a) {
     PDL_PROLOGUE();
+    float* x = a.x;
+    const float *ys = a.ys, *w = a.w, *sh = a.sh, *sh_logit = a.sh_logit;
+    const int* pair = a.pair;
+    const int k = a.k, d = a.d;
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= d) return;
     const long long t = blockIdx.y;
     float acc = 0.0f;
     for (int i = 0; i < k; i++)
-        acc = __fadd_rn(acc, __fmul_rn(w[t * k + i], ys[(long long)pair[t * k + i] * d + j]));
+        acc = __fadd_rn(acc, __fmul_rn(__ldg(&w[t * k + i]), __ldg(&ys[(long long)__ldg(&pair[t * k + i]) * d + j])));
     if (sh) {
-        const float s = sh_logit ? sigmoid_f(sh_logit[t * sh_ld]) : 1.0f;
-        acc = __fadd_rn(acc, __fmul_rn(sh[t * d + j], s));
+        const float s = sh_logit ? sigmoid_f(__ldg(&sh_logit[t * a.sh_ld])) : 1.0f;
+        acc = __fadd_rn(acc, __fmul_rn(__ldg(&sh[t * d + j]), s));
     }
     x[t * d + j] = __fadd_rn(x[t * d + j], acc);
 }

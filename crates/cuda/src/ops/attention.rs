@@ -247,6 +247,27 @@ pub struct AttnSplitArgs {
 // in the tests, the size by a static_assert in the `.cu`).
 unsafe impl DeviceRepr for AttnSplitArgs {}
 
+/// The argument struct of `attn_merge` (`AttnMergeArgs` in
+/// `kernels/attention.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnMergeArgs {
+    pub part_o: u64,
+    pub part_ml: u64,
+    pub gate: u64,
+    pub out: u64,
+    pub q8: u64,
+    pub q8d: u64,
+    pub gate_stride: i32,
+    pub nsplit: i32,
+    pub hd: i32,
+    pub pad: i32,
+}
+
+// SAFETY: as AttnSplitArgs: plain integers, the layout of the `.cu`'s
+// struct (checked in the tests and by its static_assert).
+unsafe impl DeviceRepr for AttnMergeArgs {}
+
 /// Decode attention of the query `q` (`n_head x hd`) over positions
 /// `0..=*pos` of the caches; `gate` (the q_full buffer, gated layers):
 /// out *= sigmoid(gate) in the merge.
@@ -300,27 +321,28 @@ pub fn attention(
         None => 0,
     };
     let op = dptr(gpu, Some(out));
-    let (gs, hd_i) = (2 * hd as i32, hd as i32);
-    // SAFETY: attn_merge(part_o, part_ml, gate, gate_stride, out, q8,
-    // q8d, nsplit, hd) (q8: n_head*hd values, checked above), grid (n_head, hd/64) with hd a multiple of 64 (AttnDims::check):
-    // gate (when given) points at the first gate value of q_full
-    // (query values of head 0 skipped), head h's at h*2*hd; out holds
-    // n_head*hd floats (checked above).
+    let merge = AttnMergeArgs {
+        part_o: args.part_o,
+        part_ml: args.part_ml,
+        gate: gp,
+        out: op,
+        q8: qp,
+        q8d: qdp,
+        gate_stride: 2 * hd as i32,
+        nsplit: args.nsplit,
+        hd: hd as i32,
+        pad: 0,
+    };
+    // SAFETY: attn_merge(AttnMergeArgs) by value (the struct mirrors the
+    // kernel's; q8: n_head*hd values, checked above), grid (n_head, hd/64)
+    // with hd a multiple of 64 (AttnDims::check): gate (when given) points
+    // at the first gate value of q_full (query values of head 0 skipped),
+    // head h's at h*2*hd; out holds n_head*hd floats (checked above).
     unsafe {
         gpu.launch(
             "attn_merge",
             cfg((nh as u32, (hd / 64) as u32), 256),
-            &[
-                &args.part_o,
-                &args.part_ml,
-                &gp,
-                &gs,
-                &op,
-                &qp,
-                &qdp,
-                &args.nsplit,
-                &hd_i,
-            ],
+            &[&merge],
         )
     }
 }
@@ -341,6 +363,11 @@ mod tests {
         assert_eq!(offset_of!(AttnSplitArgs, part_ml), 40);
         assert_eq!(offset_of!(AttnSplitArgs, n_head), 48);
         assert_eq!(offset_of!(AttnSplitArgs, scale), 60);
+        // attn_merge: 6 pointers, 4 i32 = 64 bytes
+        assert_eq!(size_of::<AttnMergeArgs>(), 64);
+        assert_eq!(offset_of!(AttnMergeArgs, q8d), 40);
+        assert_eq!(offset_of!(AttnMergeArgs, gate_stride), 48);
+        assert_eq!(offset_of!(AttnMergeArgs, hd), 56);
     }
 
     fn bits(x: f32) -> u16 {

@@ -511,24 +511,50 @@ pub fn moe_combine_chunk(
         }
         None => (0, 0, 0),
     };
-    let p = [
-        dptr(gpu, Some(x)),
-        dptr(gpu, Some(ys)),
-        dptr(gpu, Some(pair)),
-        dptr(gpu, Some(w)),
-    ];
-    let (k_i, d_i) = (k as i32, i32_of(d)?);
-    // SAFETY: moe_combine_chunk(x, ys, pair, w, k, d, sh, sh_logit, sh_ld);
-    // pair holds indices < n_pairs (built on the host by route_tiles), the
-    // rest checked above.
+    let args = MoeCombineChunkArgs {
+        x: dptr(gpu, Some(x)),
+        ys: dptr(gpu, Some(ys)),
+        pair: dptr(gpu, Some(pair)),
+        w: dptr(gpu, Some(w)),
+        sh: shp,
+        sh_logit: slp,
+        sh_ld: sld,
+        k: k as i32,
+        d: i32_of(d)?,
+    };
+    // SAFETY: moe_combine_chunk(MoeCombineChunkArgs) by value (the struct
+    // mirrors the kernel's); pair holds indices < n_pairs (built on the
+    // host by route_tiles), the rest checked above.
     unsafe {
         gpu.launch(
             "moe_combine_chunk",
             cfg(((d as u32).div_ceil(256), tokens as u32), 256),
-            &[&p[0], &p[1], &p[2], &p[3], &k_i, &d_i, &shp, &slp, &sld],
+            &[&args],
         )
     }
 }
+
+/// The argument struct of `moe_combine_chunk` (`MoeCombineChunkArgs` in
+/// `kernels/elementwise.cu`: same field order and types, device addresses
+/// as u64; the `.cu` asserts the size).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MoeCombineChunkArgs {
+    pub x: u64,
+    pub ys: u64,
+    pub pair: u64,
+    pub w: u64,
+    pub sh: u64,
+    pub sh_logit: u64,
+    pub sh_ld: i64,
+    pub k: i32,
+    pub d: i32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers, passed to the kernel by
+// value as the `MoeCombineChunkArgs` it mirrors (offsets checked in the
+// tests, the size by a static_assert in the `.cu`).
+unsafe impl DeviceRepr for MoeCombineChunkArgs {}
 
 #[cfg(test)]
 mod tests {
@@ -553,5 +579,10 @@ mod tests {
         assert_eq!(offset_of!(AttnChunkArgs, n_head), 48);
         assert_eq!(offset_of!(AttnChunkArgs, scale), 64);
         assert_eq!(offset_of!(AttnChunkArgs, pad), 68);
+        // 6 pointers and an i64, 2 i32 = 64 bytes
+        assert_eq!(size_of::<MoeCombineChunkArgs>(), 64);
+        assert_eq!(offset_of!(MoeCombineChunkArgs, sh_ld), 48);
+        assert_eq!(offset_of!(MoeCombineChunkArgs, k), 56);
+        assert_eq!(offset_of!(MoeCombineChunkArgs, d), 60);
     }
 }
