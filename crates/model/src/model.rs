@@ -1,6 +1,7 @@
 //! The loaded model: the file, the architecture, the thread pool and the
 //! path switch.
 
+use crate::arch::qwen3next_mtp::MtpHead;
 use crate::arch::Arch;
 use crate::exec::Exec;
 use crate::session::Session;
@@ -194,6 +195,20 @@ impl Model {
 
     pub fn arch(&self) -> &Arch {
         &self.arch
+    }
+
+    /// The first NextN (MTP) head, when the file has one (a Qwen3-Next
+    /// converted without `--no-mtp`); see [`MtpHead::forward`].
+    pub fn mtp(&self) -> Option<&MtpHead> {
+        self.mtp_heads().first()
+    }
+
+    /// Every NextN (MTP) head of the file, in block order.
+    pub fn mtp_heads(&self) -> &[MtpHead] {
+        match &self.arch {
+            Arch::Qwen3Next(q) => &q.mtp,
+            Arch::Qwen2(_) => &[],
+        }
     }
 
     /// Bytes one session holds: (f32 K and V per position over all
