@@ -203,6 +203,24 @@ impl Model {
         self.mtp_heads().first()
     }
 
+    /// Bytes of the NextN (MTP) blocks' tensors (`blk.{b}.*` of each
+    /// head; 0 without). [`Model::weight_split`] counts them as dense bytes
+    /// (on the CPU the head reads them from the mapped file when it runs);
+    /// a backend that runs only the trunk subtracts them.
+    pub fn mtp_bytes(&self) -> u64 {
+        let prefixes: Vec<String> = self
+            .mtp_heads()
+            .iter()
+            .map(|h| format!("blk.{}.", h.block))
+            .collect();
+        self.file
+            .tensors()
+            .iter()
+            .filter(|t| prefixes.iter().any(|p| t.name.starts_with(p.as_str())))
+            .map(|t| t.n_bytes)
+            .sum()
+    }
+
     /// Every NextN (MTP) head of the file, in block order.
     pub fn mtp_heads(&self) -> &[MtpHead] {
         match &self.arch {
