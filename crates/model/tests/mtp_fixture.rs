@@ -462,3 +462,39 @@ fn bad_mtp_inputs_are_errors() {
     assert!(matches!(e, ModelError::ContextOverflow { .. }), "{e}");
     assert_eq!(st.pos(), 0, "a refused forward leaves the state as it was");
 }
+
+/// With an expert cache (it holds the trunk's experts only), the head
+/// reads its experts from the mapped file: the same drafts bit for bit.
+#[test]
+fn the_head_runs_beside_an_expert_cache() {
+    let Some(d) = fixture_dir() else { return };
+    let toks = tokens(&manifest(&d));
+    let run = |model: &Model| {
+        let mut s = model.new_session(0);
+        s.set_keep_hidden(true);
+        s.forward(model, &toks, Logits::Last).unwrap();
+        let dim = model.arch().n_embd();
+        let head = model.mtp().unwrap();
+        let mut st = head.new_state(toks.len());
+        head.forward(
+            model,
+            &mut st,
+            &shifted(s.last_hidden(), dim),
+            &toks,
+            Logits::All,
+        )
+        .unwrap()
+        .logits
+    };
+    let plain = run(&load(&d, MTP_FILE));
+    let mut cached = load(&d, MTP_FILE);
+    cached
+        .set_expert_cache(redlite_model::ExpertCacheOptions {
+            slots: 3,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(run(&cached), plain);
+    let c = cached.expert_cache().unwrap().stats();
+    assert!(c.misses > 0, "the cache was not used: {c:?}");
+}
