@@ -2,7 +2,8 @@
 //! `scripts/fixtures/qwen3next/make_mtp_fixture.sh`): a tiny random model
 //! converted by llama.cpp's converter with its MTP block and with
 //! `--no-mtp`, and llama.cpp's own trunk and MTP outputs on it (its
-//! `LLM_GRAPH_TYPE_DECODER_MTP` graph, driven as its draft-mtp code does).
+//! `LLM_GRAPH_TYPE_DECODER_MTP` graph, driven as its draft-mtp code does);
+//! also the MTP block assembled from transformers' own modules.
 //!
 //! Bounds: every file is F32 and both engines compute in f32 with
 //! different summation orders, so logits differ by float rounding only.
@@ -497,4 +498,44 @@ fn the_head_runs_beside_an_expert_cache() {
     assert_eq!(run(&cached), plain);
     let c = cached.expert_cache().unwrap().stats();
     assert!(c.misses > 0, "the cache was not used: {c:?}");
+}
+
+/// A second reference nobody here wrote the layers of: the MTP block built
+/// from transformers' own Qwen3NextDecoderLayer and RMSNorm with the
+/// checkpoint's `mtp.*` tensors (`hf_mtp_ref.py`; it agrees with llama.cpp
+/// to 4.3e-6). Red Lite from the GGUF, end to end, against it.
+#[test]
+fn mtp_head_matches_transformers_modules() {
+    let Some(d) = fixture_dir() else { return };
+    let toks = tokens(&manifest(&d));
+    let model = load(&d, MTP_FILE);
+    let dim = model.arch().n_embd();
+    let mut s = model.new_session(0);
+    s.set_keep_hidden(true);
+    let trunk = s.forward(&model, &toks, Logits::All).unwrap();
+    let hf_trunk: Array = read_npy(&d.join("hf_trunk_logits.npy"));
+    check_logits(
+        "trunk vs transformers",
+        &hf_trunk.data,
+        &trunk,
+        hf_trunk.shape[1],
+    );
+    let head = model.mtp().unwrap();
+    let mut st = head.new_state(toks.len());
+    let out = head
+        .forward(
+            &model,
+            &mut st,
+            &shifted(s.last_hidden(), dim),
+            &toks,
+            Logits::All,
+        )
+        .unwrap();
+    let hf: Array = read_npy(&d.join("hf_mtp_logits.npy"));
+    check_logits(
+        "MTP head vs transformers' modules",
+        &hf.data,
+        &out.logits,
+        hf.shape[1],
+    );
 }
