@@ -26,6 +26,10 @@ pub struct Metrics {
     pub checkpoints: AtomicU64,
     pub checkpoint_tokens: AtomicU64,
     pub checkpoint_bytes: AtomicU64,
+    /// Speculative decoding: verify passes, draft tokens proposed, kept.
+    pub spec_passes: AtomicU64,
+    pub spec_drafted: AtomicU64,
+    pub spec_accepted: AtomicU64,
     /// Seconds from the engine taking a request to its first token.
     pub ttft: Histogram<12>,
     /// Seconds per generated token after the first.
@@ -68,6 +72,9 @@ impl Default for Metrics {
             checkpoints: Default::default(),
             checkpoint_tokens: Default::default(),
             checkpoint_bytes: Default::default(),
+            spec_passes: Default::default(),
+            spec_drafted: Default::default(),
+            spec_accepted: Default::default(),
             ttft: Histogram::new(TTFT_BOUNDS),
             token_latency: Histogram::new(TOKEN_BOUNDS),
         }
@@ -266,6 +273,24 @@ impl Metrics {
             "gauge",
             "Requests the engine is running.",
             gu(&self.processing),
+        );
+        metric(
+            "redlite_speculative_passes_total",
+            "counter",
+            "Speculative decoding: verify passes run.",
+            g(&self.spec_passes),
+        );
+        metric(
+            "redlite_speculative_draft_tokens_total",
+            "counter",
+            "Speculative decoding: draft tokens proposed.",
+            g(&self.spec_drafted),
+        );
+        metric(
+            "redlite_speculative_accepted_tokens_total",
+            "counter",
+            "Speculative decoding: draft tokens kept (the model's own choice).",
+            g(&self.spec_accepted),
         );
         let ctx = self.ctx.load(Ordering::Relaxed);
         let kv = self.kv_tokens.load(Ordering::Relaxed);

@@ -239,14 +239,7 @@ impl MtpState {
 
     /// Keep positions `0..pos` (no-op when `pos >= self.pos()`).
     pub fn truncate(&mut self, pos: usize) {
-        if pos >= self.kv.len {
-            return;
-        }
-        // Both caches hold `len` rows of the same width.
-        let row = self.kv.k.len() / self.kv.len.max(1);
-        self.kv.k.truncate(pos * row);
-        self.kv.v.truncate(pos * row);
-        self.kv.len = pos;
+        self.kv.truncate(pos);
     }
 
     /// Forget everything (position 0).
