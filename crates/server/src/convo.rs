@@ -1,12 +1,17 @@
-//! What the Responses and Messages endpoints share: their conversations
-//! become the chat template's messages, their tools the chat route's
-//! tools, and their sampling fields the chat route's checks.
+//! What the chat-shaped endpoints share: the Responses and Messages
+//! conversations become the chat template's messages, their tools the chat
+//! route's tools (a forced call held by the same grammar), and their
+//! sampling fields the chat route's checks.
 
-use crate::api::{FunctionDef, SamplingFields, Stop, Tool};
+use crate::api::{FunctionDef, SamplingFields, Stop, Tool, ToolChoice};
 use crate::error::{parse_json, ApiError};
-use crate::request::{self, GenParams, Limits};
-use redlite_tokenizer::{ChatMessage, FunctionCall, ToolCall};
+use crate::parse::ChatParser;
+use crate::request::{self, GenParams, Limits, ToolPlan};
+use crate::AppState;
+use redlite_grammar::Grammar;
+use redlite_tokenizer::{ChatMessage, FunctionCall, ToolCall, ToolCallFormat};
 use serde_json::Value;
+use std::sync::Arc;
 
 /// Parse `v` (found at `at` in the body) as `T`; a 400 names the field
 /// by its whole path, e.g. `input[2].call_id`.
@@ -99,6 +104,77 @@ pub fn function_tool(
             strict,
         },
     }
+}
+
+/// Whether the model's chat template writes calls in Qwen3-Coder's XML
+/// syntax (else the JSON-in-`<tool_call>` of Qwen2.5 / Qwen3).
+pub fn xml_calls(s: &AppState) -> bool {
+    s.template
+        .as_ref()
+        .is_some_and(|t| t.tool_call_format() == ToolCallFormat::Xml)
+}
+
+/// How tools are used for one request, as every chat-shaped endpoint
+/// needs it: the plan (template tools, forced prefix, offered names) in
+/// the template's call syntax, and the grammar that holds a forced call
+/// (`tool_choice` required or named) to an offered tool with arguments
+/// valid against its schema.
+pub struct ToolSetup {
+    pub plan: ToolPlan,
+    pub grammar: Option<Arc<Grammar>>,
+}
+
+/// [`ToolSetup`] for `tools` and `choice` in the chat route's shapes.
+/// `params`: what the endpoint calls a tool's parameter schema
+/// (`parameters`, `input_schema`); an error's field path is rewritten from
+/// the chat route's `tools[i].function.…` to the endpoint's `tools[i].…`.
+pub fn tool_setup(
+    s: &AppState,
+    tools: &[Tool],
+    choice: &Option<ToolChoice>,
+    params: &str,
+) -> Result<ToolSetup, ApiError> {
+    let rename = |e: ApiError| match e {
+        ApiError::BadRequest {
+            message,
+            param,
+            code,
+        } => ApiError::BadRequest {
+            message,
+            param: param.map(|p| {
+                p.replace(".function.parameters", &format!(".{params}"))
+                    .replace(".function.", ".")
+            }),
+            code,
+        },
+        other => other,
+    };
+    let tools_opt = Some(tools.to_vec());
+    let mut plan = request::tool_plan(&tools_opt, choice).map_err(rename)?;
+    if xml_calls(s) {
+        plan = plan.in_xml_format();
+    }
+    let grammar = plan.forced_grammar(tools).map_err(rename)?;
+    Ok(ToolSetup { plan, grammar })
+}
+
+/// The parser of an answer: tool calls of the offered tools only, in the
+/// template's syntax (XML calls typed by each tool's schema), reasoning
+/// blocks when the vocabulary has them (`think`; `in_think`: the prompt
+/// opened one).
+pub fn chat_parser(plan: &ToolPlan, tools: &[Tool], think: bool, in_think: bool) -> ChatParser {
+    let parser = ChatParser::new(plan.parse, think, in_think).with_tool_names(plan.names.clone());
+    if !plan.xml {
+        return parser;
+    }
+    let schemas = tools
+        .iter()
+        .map(|t| {
+            let params = t.function.parameters.clone().unwrap_or_default();
+            (t.function.name.clone(), params)
+        })
+        .collect();
+    parser.with_xml_calls(schemas)
 }
 
 /// The sampling fields both endpoints have, checked as the chat route

@@ -370,27 +370,19 @@ fn tool_choice(c: &Option<AnthropicToolChoice>) -> Result<Option<ToolChoice>, Ap
     }
 }
 
-/// What both routes make of a request: the prompt and the tool plan.
+/// What both routes make of a request: the prompt, the tools in the chat
+/// route's shape, and how they are used.
 struct Prepared {
     prompt: crate::prompt::ChatPrompt,
-    plan: crate::request::ToolPlan,
+    tools: Vec<crate::api::Tool>,
+    setup: convo::ToolSetup,
 }
 
 async fn prepare(s: &Shared, v: &Value, req: &MessagesRequest) -> Result<Prepared, ApiError> {
     let tools = tools(req.tools.as_deref().unwrap_or(&[]))?;
     let choice = tool_choice(&req.tool_choice)?;
-    let plan = crate::request::tool_plan(&Some(tools), &choice).map_err(|e| match e {
-        ApiError::BadRequest {
-            message,
-            param,
-            code,
-        } => ApiError::BadRequest {
-            message,
-            param: param.map(|p| p.replace(".function.", ".")),
-            code,
-        },
-        other => other,
-    })?;
+    let setup = convo::tool_setup(s, &tools, &choice, "input_schema")?;
+    let plan = &setup.plan;
     let enable_thinking = match req.thinking.as_ref().map(|t| t.kind.as_str()) {
         None => None,
         Some("enabled") | Some("adaptive") => Some(true),
@@ -416,13 +408,17 @@ async fn prepare(s: &Shared, v: &Value, req: &MessagesRequest) -> Result<Prepare
         messages,
         plan.tools.clone(),
         plan.forced_prefix.clone(),
-        false,
+        setup.grammar.is_some(),
         enable_thinking,
         parse_special,
         None,
     )
     .await?;
-    Ok(Prepared { prompt, plan })
+    Ok(Prepared {
+        prompt,
+        tools,
+        setup,
+    })
 }
 
 /// `POST /v1/messages`.
@@ -433,7 +429,7 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Ant
         return Err(ApiError::invalid("max_tokens", "Field required").into());
     };
     let stream = req.stream.unwrap_or(false);
-    let g = convo::gen_params(
+    let mut g = convo::gen_params(
         "max_tokens",
         Some(max_tokens),
         req.temperature,
@@ -443,12 +439,17 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Ant
         stream,
         &s.limits,
     )?;
-    let Prepared { prompt: p, plan } = prepare(&s, &v, &req).await?;
+    let Prepared {
+        prompt: p,
+        tools,
+        setup,
+    } = prepare(&s, &v, &req).await?;
     crate::request::check_prompt_len(p.ids.len(), &s.limits, "messages")?;
     let budget = g.budget(p.ids.len(), &s.limits, s.limits.max_tokens_limit);
     let prompt_len = p.ids.len();
+    let parser = convo::chat_parser(&setup.plan, &tools, p.think, p.in_think);
+    g.grammar = setup.grammar;
     let mut rx = submit(&s, p.ids, budget, &g, None)?;
-    let parser = crate::parse::ChatParser::new(plan.parse, p.think, p.in_think);
     let mut b = MessageBuilder::new(
         stream::new_id("msg_"),
         s.model_id.clone(),

@@ -392,7 +392,7 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
         }
     }
     let stream = req.stream.unwrap_or(false);
-    let g = convo::gen_params(
+    let mut g = convo::gen_params(
         "max_output_tokens",
         req.max_output_tokens,
         req.temperature,
@@ -404,22 +404,8 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
     )?;
     let tools = tools(req.tools.as_deref().unwrap_or(&[]))?;
     let choice = tool_choice(&req.tool_choice)?;
-    let plan =
-        crate::request::tool_plan(&Some(tools.functions.clone()), &choice).map_err(
-            |e| match e {
-                ApiError::BadRequest {
-                    message,
-                    param,
-                    code,
-                } => ApiError::BadRequest {
-                    message,
-                    // The chat route's `tools[i].function.name` is `tools[i].name` here.
-                    param: param.map(|p| p.replace(".function.", ".")),
-                    code,
-                },
-                other => other,
-            },
-        )?;
+    let setup = convo::tool_setup(&s, &tools.functions, &choice, "parameters")?;
+    let plan = &setup.plan;
     let Some(template) = s.template.clone() else {
         return Err(ApiError::invalid(
             "input",
@@ -466,7 +452,7 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
         messages,
         plan.tools.clone(),
         plan.forced_prefix.clone(),
-        false,
+        setup.grammar.is_some(),
         None,
         parse_special,
         resume,
@@ -478,6 +464,8 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
     let prompt_ids = if store { p.ids.clone() } else { Vec::new() };
     // With `store`, the answer's token ids are kept to resume from (the
     // engine reports them with log-probabilities; none are asked for).
+    let parser = convo::chat_parser(plan, &tools.functions, p.think, p.in_think);
+    g.grammar = setup.grammar.clone();
     let mut rx = submit(&s, p.ids, budget, &g, store.then_some(0))?;
     let echo = Echo {
         id: stream::new_id("resp_"),
@@ -495,7 +483,6 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         metadata: req.metadata.clone().unwrap_or_default(),
     };
-    let parser = crate::parse::ChatParser::new(plan.parse, p.think, p.in_think);
     let builder = ResponseBuilder::new(echo, parser, p.prefix);
     let keep = Keep {
         store: s.responses.clone(),
