@@ -393,10 +393,8 @@ impl Engine {
                 if done.completion_tokens > 0 {
                     m.ttft.observe(done.ttft_secs);
                 }
-                let steps = done.completion_tokens.saturating_sub(1);
-                if steps > 0 {
-                    m.token_latency
-                        .observe_n(done.decode_secs / steps as f64, steps as u64);
+                if done.prompt_tokens > done.cached_tokens {
+                    m.prompt_latency.observe(done.prompt_secs);
                 }
                 // Not processing once the answer is complete: a client that
                 // sends its next request at once must not find the slot
@@ -480,6 +478,9 @@ impl Engine {
         let send = |text: String| text.is_empty() || job.events.send(Event::Text(text)).is_ok();
         let mut cancelled = false;
         let mut logprobs = Vec::new();
+        // When the last token was ready: each step's latency (sampling,
+        // the grammar's mask, the decode call) goes to the histogram.
+        let mut last_token: Option<Instant> = None;
         for i in 0..job.max_tokens {
             if job.events.is_closed() {
                 cancelled = true;
@@ -520,6 +521,13 @@ impl Engine {
             let piece = decoder.push(next);
             let (text, stopped) = stop.push(&piece);
             ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+            let now = Instant::now();
+            if let Some(prev) = last_token {
+                self.metrics
+                    .token_latency
+                    .observe((now - prev).as_secs_f64());
+            }
+            last_token = Some(now);
             if !send(text) {
                 cancelled = true;
                 break;

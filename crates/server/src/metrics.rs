@@ -28,8 +28,10 @@ pub struct Metrics {
     pub checkpoint_bytes: AtomicU64,
     /// Seconds from the engine taking a request to its first token.
     pub ttft: Histogram<12>,
-    /// Seconds per generated token after the first.
+    /// Seconds between consecutive generated tokens (one per step).
     pub token_latency: Histogram<12>,
+    /// Seconds computing a request's prompt (the part not cached).
+    pub prompt_latency: Histogram<12>,
 }
 
 /// A Prometheus histogram with fixed upper bounds (seconds).
@@ -52,6 +54,12 @@ const TOKEN_BOUNDS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 2.0,
 ];
 
+/// Prompt processing: 10 ms (a few new tokens) to two minutes (a long
+/// prompt on a CPU).
+const PROMPT_BOUNDS: [f64; 12] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0, 120.0,
+];
+
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics {
@@ -70,6 +78,7 @@ impl Default for Metrics {
             checkpoint_bytes: Default::default(),
             ttft: Histogram::new(TTFT_BOUNDS),
             token_latency: Histogram::new(TOKEN_BOUNDS),
+            prompt_latency: Histogram::new(PROMPT_BOUNDS),
         }
     }
 }
@@ -316,7 +325,12 @@ impl Metrics {
         self.token_latency.render(
             &mut out,
             "redlite_token_latency_seconds",
-            "Seconds per generated token after the first (each request's tokens at its mean step time).",
+            "Seconds between consecutive generated tokens of a request (one observation per decode step).",
+        );
+        self.prompt_latency.render(
+            &mut out,
+            "redlite_prompt_processing_seconds",
+            "Seconds computing a request's prompt, the part the prompt cache did not hold (requests with an all-cached prompt are not observed).",
         );
         out
     }
@@ -359,6 +373,7 @@ mod tests {
         m.ttft.observe(0.2);
         m.ttft.observe(100.0); // above every bound: only +Inf
         m.token_latency.observe_n(0.004, 3);
+        m.prompt_latency.observe(3.0);
         let t = m.render();
         assert!(t.contains("# TYPE redlite_time_to_first_token_seconds histogram\n"));
         for line in [
@@ -371,6 +386,10 @@ mod tests {
             "redlite_token_latency_seconds_bucket{le=\"0.0025\"} 0\n",
             "redlite_token_latency_seconds_bucket{le=\"0.005\"} 3\n",
             "redlite_token_latency_seconds_count 3\n",
+            "# TYPE redlite_prompt_processing_seconds histogram\n",
+            "redlite_prompt_processing_seconds_bucket{le=\"2.5\"} 0\n",
+            "redlite_prompt_processing_seconds_bucket{le=\"5\"} 1\n",
+            "redlite_prompt_processing_seconds_sum 3\n",
         ] {
             assert!(t.contains(line), "{line} missing in\n{t}");
         }

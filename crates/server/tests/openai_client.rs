@@ -31,7 +31,10 @@ fn demo_model() -> Option<PathBuf> {
 fn python() -> Option<String> {
     let py = std::env::var("REDLITE_PYTHON").ok()?;
     let ok = Command::new(&py)
-        .args(["-c", "import openai, anthropic, pytest, jsonschema"])
+        .args([
+            "-c",
+            "import openai, anthropic, pytest, jsonschema, prometheus_client",
+        ])
         .status()
         .is_ok_and(|s| s.success());
     ok.then_some(py)
@@ -96,7 +99,7 @@ fn metric(server: &RunningServer, name: &str) -> f64 {
 fn openai_python_client() {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(py) = python() else {
-        skip("REDLITE_PYTHON is unset or lacks `openai`/`anthropic`/`pytest`/`jsonschema` (scripts/test.sh installs them)");
+        skip("REDLITE_PYTHON is unset or lacks `openai`/`anthropic`/`pytest`/`jsonschema`/`prometheus_client` (scripts/test.sh installs them)");
         return;
     };
     let Some(server) = start(Some(KEY)) else {
