@@ -24,6 +24,7 @@ pub mod messages;
 pub mod messages_out;
 pub mod metrics;
 pub mod ops;
+pub mod page;
 pub mod parse;
 pub mod prompt;
 pub mod request;

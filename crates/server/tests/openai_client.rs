@@ -114,9 +114,15 @@ fn openai_python_client() {
         .env("REDLITE_API_KEY", KEY)
         .env("REDLITE_SERVER_PID", std::process::id().to_string())
         .env("PYTHONDONTWRITEBYTECODE", "1")
+        // The chat page's browser test writes its screenshot here.
+        .env("REDLITE_ARTIFACTS", env!("CARGO_TARGET_TMPDIR"))
         .status()
         .expect("run pytest");
     eprintln!("python tests took {:.1} s", t0.elapsed().as_secs_f64());
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chat-page.png");
+    if shot.is_file() {
+        eprintln!("chat page screenshot: {}", shot.display());
+    }
     assert!(status.success(), "the openai client tests failed: {status}");
 }
 
