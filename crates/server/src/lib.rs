@@ -19,6 +19,7 @@ pub mod constrain;
 pub mod convo;
 pub mod engine;
 pub mod error;
+pub mod events;
 pub mod extra;
 pub mod messages;
 pub mod messages_out;

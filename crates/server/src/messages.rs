@@ -7,10 +7,11 @@
 //! ([`crate::messages_out`]). Errors have Anthropic's shape:
 //! `{"type": "error", "error": {"type": "invalid_request_error", "message": …}}`.
 
-use crate::api::{NamedFunction, NamedToolChoice, ToolChoice};
+use crate::api::ToolChoice;
 use crate::convo;
 use crate::error::ApiError;
-use crate::messages_out::{MessageBuilder, MessagesChunker};
+use crate::events::{collect_whole, EventChunker};
+use crate::messages_out::MessageBuilder;
 use crate::routes::{json_body, sse_response, submit, Shared};
 use crate::stream::{self, SseStream};
 use axum::body::Body;
@@ -154,14 +155,6 @@ struct ThinkingBlock {
     thinking: String,
 }
 
-#[derive(Debug, Deserialize)]
-struct ToolDef {
-    name: String,
-    #[serde(default)]
-    description: Option<String>,
-    input_schema: Value,
-}
-
 fn block_type<'a>(b: &'a Value, at: &str) -> Result<&'a str, ApiError> {
     match b.get("type") {
         Some(Value::String(s)) => Ok(s),
@@ -238,13 +231,7 @@ pub fn conversation(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError>
                             if r.is_error == Some(true) {
                                 text = format!("Error: {text}");
                             }
-                            out.push(ChatMessage {
-                                role: "tool".into(),
-                                content: Some(text),
-                                name: convo::tool_name(&out, &r.tool_use_id),
-                                tool_call_id: Some(r.tool_use_id),
-                                ..ChatMessage::default()
-                            });
+                            out.push(convo::tool_result(&out, r.tool_use_id, text));
                         }
                         other => return Err(unsupported(&bat, other)),
                     }
@@ -328,22 +315,7 @@ fn tools(req: &[Value]) -> Result<Vec<crate::api::Tool>, ApiError> {
                     ))
                 }
             }
-            let d: ToolDef = convo::parse_at(t, &at)?;
-            if d.name.is_empty() {
-                return Err(ApiError::invalid(format!("{at}.name"), "a tool needs a name"));
-            }
-            if !d.input_schema.is_object() {
-                return Err(ApiError::invalid(
-                    format!("{at}.input_schema"),
-                    "`input_schema` must be a JSON Schema object",
-                ));
-            }
-            Ok(convo::function_tool(
-                d.name,
-                d.description,
-                Some(d.input_schema),
-                None,
-            ))
+            convo::function_def(t, &at, "input_schema", true)
         })
         .collect()
 }
@@ -355,10 +327,7 @@ fn tool_choice(c: &Option<AnthropicToolChoice>) -> Result<Option<ToolChoice>, Ap
         ("auto", _) => mode("auto"),
         ("any", _) => mode("required"),
         ("none", _) => mode("none"),
-        ("tool", Some(name)) => Ok(Some(ToolChoice::Named(NamedToolChoice {
-            kind: Some("function".into()),
-            function: NamedFunction { name: name.clone() },
-        }))),
+        ("tool", Some(name)) => Ok(Some(convo::named_choice(name.clone()))),
         ("tool", None) => Err(ApiError::invalid(
             "tool_choice.name",
             "tool_choice `tool` needs `name`",
@@ -458,14 +427,10 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Ant
         prompt_len,
     );
     if stream {
-        let chunker = MessagesChunker::new(b);
+        let chunker = EventChunker(b);
         return Ok(sse_response(SseStream::new(rx, Box::new(chunker))));
     }
-    let (text, done) = stream::collect(&mut rx).await?;
-    b.start();
-    b.text(&text);
-    b.done(&done);
-    Ok(Json(b.message()).into_response())
+    Ok(Json(collect_whole(&mut b, &mut rx).await?).into_response())
 }
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": N}`, the prompt the
