@@ -195,6 +195,38 @@ pub fn parity_cli(
             if ok { "ok" } else { "FAIL" }
         );
     }
+    // Speculative verify passes: rows bit for bit the decode's, and every
+    // kept prefix continues as the straight run.
+    println!();
+    println!("| file | sequence | prompt | draft tokens | rows compared | rows with any bit different | verdict |");
+    println!("|---|---|---:|---:|---:|---:|---|");
+    for path in files {
+        let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(path)?);
+        let n_vocab = Model::load(file.clone(), Default::default())?.n_vocab();
+        let prompt = tokens(7, n_prompt, n_vocab);
+        let next = tokens(17, 6, n_vocab);
+        let ctx = prompt.len() + next.len() + 1;
+        let opts = BackendOptions {
+            device: Device::Cuda,
+            pdl,
+            tuning: crate::tuning_vars(),
+            ..Default::default()
+        };
+        let mut gpu = engine(&file, false, &opts, ctx)?;
+        let mut seq = gpu.open_sequence(ctx)?;
+        let (differing, compared) =
+            redlite_engine::parity::verify_roundtrip(&mut *seq, &prompt, &next)?;
+        let ok = differing == 0 && compared > 0;
+        all &= ok;
+        println!(
+            "| {} | GPU int8 act | {} | {} | {compared} | {differing} | {} |",
+            path.file_name()
+                .map_or(path.display().to_string(), |n| n.to_string_lossy().into()),
+            prompt.len(),
+            next.len(),
+            if ok { "ok" } else { "FAIL" }
+        );
+    }
     // The bounded expert cache: every size from the minimum (a token's
     // experts) to one below full residency, pre-gating off and on, against
     // the decoder with every expert resident: identical bit for bit.

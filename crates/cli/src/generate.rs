@@ -7,6 +7,7 @@ use redlite_gguf::GgufFile;
 use redlite_model::sample::{Sampler, SamplerConfig};
 use redlite_model::{LoadOptions, Logits, Model};
 use redlite_outfile::Output;
+use redlite_spec::SpecMode;
 use redlite_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -115,6 +116,8 @@ pub struct GenerateArgs {
     pub no_warmup: bool,
     #[command(flatten)]
     pub mem: crate::residency::MemoryArgs,
+    #[command(flatten)]
+    pub spec: redlite_spec::SpecArgs,
 }
 
 /// Touch every weight page with a progress bar: the loading step of a
@@ -133,6 +136,10 @@ fn warm_pages(model: &Model) {
 }
 
 pub fn run(mut args: GenerateArgs) -> Result<()> {
+    let spec_opts = args.spec.options().map_err(anyhow::Error::msg)?;
+    if spec_opts.mode != SpecMode::None && args.dump_logits.is_some() {
+        bail!("--dump-logits writes one row per decode step; it cannot be combined with --spec (drafts are verified several tokens a pass)");
+    }
     args.threads = limits::cap_threads(args.threads, "--threads");
     args.mem.io_threads = limits::cap_io_threads(args.mem.io_threads, "--io-threads");
     let path = &args.model;
@@ -332,28 +339,58 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     let mut out = stdout.lock();
     let mut decoder = tokenizer.as_ref().ok().map(|t| t.stream_decoder());
     let t1 = Instant::now();
-    for i in 0..args.n_predict {
-        let next = sampler.sample(&logits, &history);
-        let eog = tokenizer.as_ref().is_ok_and(|t| t.is_eog(next));
-        if eog && !args.ignore_eos {
-            break;
-        }
-        generated.push(next);
-        history.push(next);
+    let mut emit = |out: &mut std::io::StdoutLock, t: u32| -> Result<()> {
         if !args.print_ids {
             if let Some(d) = decoder.as_mut() {
-                let piece = d.push(next);
+                let piece = d.push(t);
                 out.write_all(piece.as_bytes()).context(STDOUT)?;
                 out.flush().context(STDOUT)?;
             }
         }
-        if i + 1 == args.n_predict {
-            undecoded = Some(next);
-            break;
+        Ok(())
+    };
+    let is_stop = |t: u32| !args.ignore_eos && tokenizer.as_ref().is_ok_and(|k| k.is_eog(t));
+    let mut spec_stats = None;
+    if let Some(mut spec) = redlite_spec::from_options(&spec_opts, &model)? {
+        while generated.len() < args.n_predict {
+            let budget = args.n_predict - generated.len();
+            let step = spec.step(
+                session.as_mut(),
+                &mut sampler,
+                &mut history,
+                &mut logits,
+                budget,
+                &is_stop,
+            )?;
+            for &t in &step.tokens {
+                generated.push(t);
+                emit(&mut out, t)?;
+            }
+            if !step.all_run {
+                undecoded = step.tokens.last().copied();
+            }
+            if step.stop.is_some() || step.tokens.is_empty() {
+                break;
+            }
         }
-        logits = session.decode(next)?;
-        if let Some(w) = logit_dump.as_mut() {
-            write_f32(w, &logits)?;
+        spec_stats = Some(spec.stats());
+    } else {
+        for i in 0..args.n_predict {
+            let next = sampler.sample(&logits, &history);
+            if is_stop(next) {
+                break;
+            }
+            generated.push(next);
+            history.push(next);
+            emit(&mut out, next)?;
+            if i + 1 == args.n_predict {
+                undecoded = Some(next);
+                break;
+            }
+            logits = session.decode(next)?;
+            if let Some(w) = logit_dump.as_mut() {
+                write_f32(w, &logits)?;
+            }
         }
     }
     let decode_secs = t1.elapsed().as_secs_f64();
@@ -387,6 +424,9 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         );
     } else if let Some(c) = session.cache_counters()? {
         eprintln!("redlite: {}", crate::residency::counters_line(&c));
+    }
+    if let Some(st) = spec_stats {
+        eprintln!("redlite: {}", st.line());
     }
     eprintln!(
         "redlite: prompt {} tokens in {:.2} s ({:.1} tok/s) | decode {} tokens in {:.2} s ({:.1} tok/s)",

@@ -208,26 +208,76 @@ fn check_shapes(w: &QMatrix, xs: &[f32], ys: &[f32], n: usize) -> Result<(), Cpu
     Ok(())
 }
 
+/// How a batch of several tokens is computed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Batching {
+    /// GEMM-shaped kernels (prompt processing).
+    #[default]
+    Gemm,
+    /// Every token through the one-token (decode) kernels, a block of rows
+    /// at a time so that the block comes from memory once for all tokens:
+    /// each value is bit for bit what the token alone gives (a speculative
+    /// verify pass, whose tokens must be the ones plain decoding picks).
+    AsDecode,
+}
+
+/// A borrowed view of [`Prepared`] activations.
+#[derive(Clone, Copy)]
+enum Prep<'a> {
+    Float,
+    Quant { bytes: &'a [u8], stride: usize },
+}
+
+impl Prepared {
+    fn view(&self) -> Prep<'_> {
+        match self {
+            Prepared::Float => Prep::Float,
+            Prepared::Quant { bytes, stride } => Prep::Quant {
+                bytes,
+                stride: *stride,
+            },
+        }
+    }
+}
+
 /// Compute rows `r0..r0+nr` for all `n` tokens into `out` (`n × nr`,
 /// token-major).
 #[allow(clippy::too_many_arguments)]
 fn rows_block(
     w: &QMatrix,
-    prep: &Prepared,
+    prep: Prep<'_>,
     xs: &[f32],
     n: usize,
     r0: usize,
     nr: usize,
     out: &mut [f32],
     scratch: &mut Vec<f32>,
+    batching: Batching,
 ) -> Result<(), CpuError> {
+    if batching == Batching::AsDecode && n > 1 {
+        for t in 0..n {
+            let (one, x) = match prep {
+                Prep::Quant { bytes, stride } => (
+                    Prep::Quant {
+                        bytes: &bytes[t * stride..(t + 1) * stride],
+                        stride,
+                    },
+                    &xs[t * w.cols..(t + 1) * w.cols],
+                ),
+                Prep::Float => (Prep::Float, &xs[t * w.cols..(t + 1) * w.cols]),
+            };
+            let o = &mut out[t * nr..(t + 1) * nr];
+            rows_block(w, one, x, 1, r0, nr, o, scratch, Batching::Gemm)?;
+        }
+        return Ok(());
+    }
     let kernels = match prep {
-        Prepared::Quant { .. } => Some(redlite_quant::kernels(w.ty)?),
-        Prepared::Float => None,
+        Prep::Quant { .. } => Some(redlite_quant::kernels(w.ty)?),
+        Prep::Float => None,
     };
     match (prep, kernels) {
         (
-            Prepared::Quant { bytes, stride },
+            Prep::Quant { bytes, stride },
             Some(redlite_quant::Kernels {
                 dot_multi: Some(multi),
                 ..
@@ -237,7 +287,7 @@ fn rows_block(
                 // Rows × tokens in one call, written in place.
                 let rb = w.row_bytes;
                 let rows = &w.data[r0 * rb..(r0 + nr) * rb];
-                gemm(rows, rb, nr, bytes, *stride, n, &mut out[..nr * n]);
+                gemm(rows, rb, nr, bytes, stride, n, &mut out[..nr * n]);
                 return Ok(());
             }
             // Token groups outside, rows inside: a group's activations stay
@@ -249,7 +299,7 @@ fn rows_block(
                 let g = (n - t0).min(redlite_quant::MULTI_MAX);
                 let acts = &bytes[t0 * stride..];
                 for r in 0..nr {
-                    multi(w.row(r0 + r), acts, *stride, &mut tmp[..g]);
+                    multi(w.row(r0 + r), acts, stride, &mut tmp[..g]);
                     for (j, &x) in tmp[..g].iter().enumerate() {
                         out[(t0 + j) * nr + r] = x;
                     }
@@ -257,7 +307,7 @@ fn rows_block(
                 t0 += g;
             }
         }
-        (Prepared::Quant { bytes, stride }, Some(k)) => {
+        (Prep::Quant { bytes, stride }, Some(k)) => {
             if n == 1 {
                 if let Some(rows) = redlite_quant::dot_rows_fn(w.ty) {
                     // Decode: several rows share each activation block.
@@ -265,7 +315,7 @@ fn rows_block(
                     rows(
                         &w.data[r0 * rb..(r0 + nr) * rb],
                         rb,
-                        &bytes[..*stride],
+                        &bytes[..stride],
                         &mut out[..nr],
                     );
                     return Ok(());
@@ -326,6 +376,30 @@ pub fn matmul_many(
     n: usize,
     ys: &mut [&mut [f32]],
 ) -> Result<(), CpuError> {
+    matmul_many_batched(pool, ws, xs, n, ys, Batching::Gemm)
+}
+
+/// [`matmul`] with the batch computed as `batching` says.
+pub fn matmul_batched(
+    pool: &Pool,
+    w: &QMatrix,
+    xs: &[f32],
+    n: usize,
+    ys: &mut [f32],
+    batching: Batching,
+) -> Result<(), CpuError> {
+    matmul_many_batched(pool, &[*w], xs, n, &mut [ys], batching)
+}
+
+/// [`matmul_many`] with the batch computed as `batching` says.
+pub fn matmul_many_batched(
+    pool: &Pool,
+    ws: &[QMatrix],
+    xs: &[f32],
+    n: usize,
+    ys: &mut [&mut [f32]],
+    batching: Batching,
+) -> Result<(), CpuError> {
     if ws.len() != ys.len() {
         return Err(CpuError::Shape {
             what: "matmul outputs",
@@ -368,7 +442,8 @@ pub fn matmul_many(
                 Vec::new,
                 |scratch, (m, r0, out): (usize, usize, &mut [f32])| {
                     let nr = out.len();
-                    rows_block(&ws[m], &preps[which[m]].2, xs, 1, r0, nr, out, scratch)
+                    let prep = preps[which[m]].2.view();
+                    rows_block(&ws[m], prep, xs, 1, r0, nr, out, scratch, batching)
                 },
             )
         });
@@ -400,13 +475,14 @@ pub fn matmul_many(
                     block.resize(nr * n, 0.0);
                     rows_block(
                         &ws[m],
-                        &preps[which[m]].2,
+                        preps[which[m]].2.view(),
                         xs,
                         n,
                         r0,
                         nr,
                         &mut block[..nr * n],
                         scratch,
+                        batching,
                     )?;
                     // SAFETY: the tasks of matrix `m` cover disjoint row ranges
                     // `r0..r0 + nr`, so no two tasks write the same element, and

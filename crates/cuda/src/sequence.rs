@@ -32,6 +32,20 @@ pub const MIN_BATCHED_PREFILL: usize = 8;
 pub struct CudaSequence {
     model: Arc<Model>,
     dec: CudaDecoder,
+    verify: VerifySlots,
+}
+
+/// A verify pass's DeltaNet snapshots: slot `i` holds every DeltaNet
+/// layer's conv window and recurrent state after the pass's `i`-th token
+/// (device-to-device copies, a few tens of microseconds a token on the 80B
+/// shapes). KV rows need none: rows past the kept position are written
+/// again before they are read. The slots are allocated on the first pass
+/// that needs them and reused.
+#[derive(Default)]
+struct VerifySlots {
+    slots: Vec<Vec<(CudaSlice<f32>, CudaSlice<f32>)>>,
+    /// (position before the pass, tokens in it).
+    pending: Option<(usize, usize)>,
 }
 
 /// Device copies of a sequence's state (see the module comment).
@@ -75,7 +89,11 @@ impl CudaSequence {
     /// `opts.ctx` positions on `gpu`.
     pub fn new(gpu: Gpu, model: Arc<Model>, opts: &DecoderOptions) -> Result<CudaSequence> {
         let dec = CudaDecoder::new(gpu, &model, opts)?;
-        Ok(CudaSequence { model, dec })
+        Ok(CudaSequence {
+            model,
+            dec,
+            verify: VerifySlots::default(),
+        })
     }
 
     /// The decoder underneath (device name, bytes, counters, profiling).
@@ -140,6 +158,36 @@ impl CudaSequence {
         ))
     }
 
+    /// Copy the live DeltaNet state into verify slot `i`.
+    fn snapshot(&mut self, i: usize) -> Result<()> {
+        let b = self.dec.state_buffers();
+        let stream = &b.gpu.stream;
+        if self.verify.slots.len() <= i {
+            let mut slot = Vec::with_capacity(b.gdn.len());
+            for (ring, state) in &b.gdn {
+                slot.push((stream.clone_dtod(&**ring)?, stream.clone_dtod(&**state)?));
+            }
+            self.verify.slots.push(slot);
+        } else {
+            for ((ring, state), (sr, ss)) in b.gdn.iter().zip(&mut self.verify.slots[i]) {
+                stream.memcpy_dtod(&**ring, sr)?;
+                stream.memcpy_dtod(&**state, ss)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copy verify slot `i` back into the live DeltaNet state.
+    fn roll_back_to(&mut self, i: usize) -> Result<()> {
+        let b = self.dec.state_buffers();
+        let stream = &b.gpu.stream;
+        for ((ring, state), (sr, ss)) in b.gdn.into_iter().zip(&self.verify.slots[i]) {
+            stream.memcpy_dtod(sr, ring)?;
+            stream.memcpy_dtod(ss, state)?;
+        }
+        b.gpu.sync()
+    }
+
     fn load(&mut self, s: &DeviceState) -> Result<()> {
         let b = self.dec.state_buffers();
         crate::error::ensure!(
@@ -180,8 +228,73 @@ impl CudaSequence {
     }
 }
 
+impl CudaSequence {
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::NoTokens);
+        }
+        let ctx = self.ctx_len();
+        if self.pos() + tokens.len() > ctx {
+            return Err(ModelError::ContextOverflow {
+                pos: self.pos(),
+                n_tokens: tokens.len(),
+                ctx_len: ctx,
+            });
+        }
+        let n_vocab = self.model.n_vocab();
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ModelError::BadToken {
+                token: bad,
+                n_vocab,
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Sequence for CudaSequence {
+    /// Exact: the pass runs its tokens as decode steps (one graph replay
+    /// each, so every row is the decode's logits), snapshotting the
+    /// DeltaNet state after each; `accept` copies the kept position's
+    /// snapshot back. A pass costs its tokens' decode steps: no faster than
+    /// plain decoding yet (a small-batch graph is what would make it pay).
+    fn verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.verify.pending = None;
+        self.check_tokens(tokens)?;
+        let start = self.pos();
+        self.snapshot(0).map_err(backend_err)?;
+        let mut all = Vec::with_capacity(tokens.len() * self.model.n_vocab());
+        for (i, &t) in tokens.iter().enumerate() {
+            let l = self.dec.step(&self.model, t).map_err(backend_err)?;
+            all.extend(l);
+            if i + 1 < tokens.len() {
+                self.snapshot(i + 1).map_err(backend_err)?;
+            }
+        }
+        self.verify.pending = Some((start, tokens.len()));
+        Ok(all)
+    }
+
+    fn accept(&mut self, keep: usize) -> Result<(), ModelError> {
+        let Some((start, n)) = self.verify.pending.take() else {
+            return Err(ModelError::Rollback(
+                "keep without a verify pass before it".into(),
+            ));
+        };
+        if keep > n {
+            return Err(ModelError::Rollback(format!(
+                "keeping {keep} tokens of a pass of {n}"
+            )));
+        }
+        if keep < n {
+            self.roll_back_to(keep).map_err(backend_err)?;
+            self.dec.set_pos(start + keep).map_err(backend_err)?;
+        }
+        Ok(())
+    }
+
     fn prefill(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
+        self.verify.pending = None;
         if tokens.is_empty() {
             return Err(ModelError::NoTokens);
         }
@@ -232,6 +345,7 @@ impl Sequence for CudaSequence {
     }
 
     fn reset(&mut self) -> Result<(), ModelError> {
+        self.verify.pending = None;
         self.dec.reset().map_err(backend_err)
     }
 
@@ -242,6 +356,7 @@ impl Sequence for CudaSequence {
 
     fn restore(&mut self, checkpoint: &Checkpoint) -> Result<(), ModelError> {
         let s: &DeviceState = checkpoint.state(CUDA)?;
+        self.verify.pending = None;
         self.load(s).map_err(backend_err)
     }
 

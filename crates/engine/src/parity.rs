@@ -231,6 +231,43 @@ pub fn checkpoint_roundtrip(
     Ok((differing, moved))
 }
 
+/// Speculative verify passes on one sequence: after `prompt`, a verify
+/// pass over `next` must give each token's decode logits bit for bit, and
+/// keeping any prefix of it (`accept`) must leave the sequence where
+/// decoding that prefix would have: the remaining tokens then decode to
+/// the straight run's logits. Returns (logit rows with any bit different,
+/// over all keep lengths; rows compared).
+pub fn verify_roundtrip(
+    seq: &mut dyn Sequence,
+    prompt: &[u32],
+    next: &[u32],
+) -> Result<(usize, usize), ModelError> {
+    let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+    seq.reset()?;
+    seq.prefill(prompt, redlite_model::Logits::Last)?;
+    let cp = seq.checkpoint()?;
+    let mut straight = Vec::with_capacity(next.len());
+    for &t in next {
+        straight.push(bits(&seq.decode(t)?));
+    }
+    let n_vocab = straight.first().map_or(0, Vec::len);
+    let (mut differing, mut compared) = (0, 0);
+    for keep in 0..=next.len() {
+        seq.restore(&cp)?;
+        let rows = seq.verify(next)?;
+        for (i, want) in straight.iter().enumerate() {
+            differing += (bits(&rows[i * n_vocab..(i + 1) * n_vocab]) != *want) as usize;
+            compared += 1;
+        }
+        seq.accept(keep)?;
+        for (i, &t) in next[keep..].iter().enumerate() {
+            differing += (bits(&seq.decode(t)?) != straight[keep + i]) as usize;
+            compared += 1;
+        }
+    }
+    Ok((differing, compared))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

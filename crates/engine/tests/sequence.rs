@@ -220,3 +220,99 @@ fn compare_prefill_sees_agreement_and_difference() {
     assert_eq!(q.steps, PROMPT.len());
     assert!(q.worst.max_abs > 1e-4, "q8_0 against f32: {:?}", q.worst);
 }
+
+/// A verify pass gives, bit for bit, the logits of decoding its tokens one
+/// by one, and keeping any prefix of it leaves the sequence exactly where
+/// decoding that prefix would have: the next tokens' logits are the
+/// straight run's. On every quantized fixture, whose formats take
+/// different kernels for batches than for one token.
+#[test]
+fn verify_then_accept_equals_decoding_the_kept_tokens() {
+    for name in [
+        "tiny-qwen3next-f32.gguf",
+        "tiny-qwen3next-q8_0.gguf",
+        "tiny-qwen3next-q4_k_m.gguf",
+        "tiny-qwen3next-iq2_xxs.gguf",
+    ] {
+        let mut e = engine(name, 64, 2);
+        let n_vocab = e.model().n_vocab();
+        let mut seq = e.open_sequence(0).unwrap();
+        seq.prefill(&PROMPT, Logits::Last).unwrap();
+        let straight: Vec<u32> = NEXT
+            .iter()
+            .chain(&DETOUR)
+            .flat_map(|&t| bits(&seq.decode(t).unwrap()))
+            .collect();
+        let row = |i: usize| &straight[i * n_vocab..(i + 1) * n_vocab];
+        for keep in 0..=NEXT.len() {
+            seq.reset().unwrap();
+            seq.prefill(&PROMPT, Logits::Last).unwrap();
+            let v = seq.verify(&NEXT).unwrap();
+            assert_eq!(
+                bits(&v),
+                straight[..NEXT.len() * n_vocab],
+                "{name}: verify rows"
+            );
+            seq.accept(keep).unwrap();
+            assert_eq!(seq.pos(), PROMPT.len() + keep);
+            // Continue with the rest of the straight run's tokens.
+            for (i, &t) in NEXT[keep..].iter().chain(&DETOUR).enumerate() {
+                let l = bits(&seq.decode(t).unwrap());
+                assert_eq!(l, row(keep + i), "{name}: keep {keep}, token {i} after");
+            }
+        }
+        // Rejected tokens must have changed the state, or the rollback
+        // proves nothing: without it the next logits differ.
+        seq.reset().unwrap();
+        seq.prefill(&PROMPT, Logits::Last).unwrap();
+        seq.verify(&NEXT).unwrap();
+        let unrolled = bits(&seq.decode(NEXT[1]).unwrap());
+        assert_ne!(
+            unrolled,
+            row(1),
+            "{name}: the rejected tokens did not matter"
+        );
+        // Verify twice in a row: the second pass keeps the first whole.
+        seq.reset().unwrap();
+        seq.prefill(&PROMPT, Logits::Last).unwrap();
+        seq.verify(&NEXT[..2]).unwrap();
+        let v2 = seq.verify(&NEXT[2..]).unwrap();
+        assert_eq!(bits(&v2), straight[2 * n_vocab..4 * n_vocab]);
+        seq.accept(1).unwrap();
+        assert_eq!(bits(&seq.decode(NEXT[3]).unwrap()), row(3));
+    }
+}
+
+#[test]
+fn accept_without_a_verify_pass_is_an_error() {
+    let mut e = engine("tiny-qwen3next-q8_0.gguf", 32, 1);
+    let mut seq = e.open_sequence(0).unwrap();
+    seq.prefill(&PROMPT, Logits::Last).unwrap();
+    let err = seq.accept(1).unwrap_err().to_string();
+    assert!(err.contains("without a verify pass"), "{err}");
+    seq.verify(&NEXT).unwrap();
+    let err = seq.accept(5).unwrap_err().to_string();
+    assert!(err.contains("keeping 5 tokens of a pass of 4"), "{err}");
+    // A decode after the pass keeps all of it, and ends it.
+    seq.verify(&NEXT).unwrap();
+    seq.decode(7).unwrap();
+    assert_eq!(seq.pos(), PROMPT.len() + 2 * NEXT.len() + 1);
+    assert!(seq.accept(0).is_err());
+    // A verify that overflows the context changes nothing.
+    let mut short = e.open_sequence(12).unwrap();
+    short.prefill(&PROMPT, Logits::Last).unwrap();
+    let err = short.verify(&NEXT).unwrap_err().to_string();
+    assert!(err.contains("context"), "{err}");
+    assert_eq!(short.pos(), PROMPT.len());
+}
+
+#[test]
+fn the_parity_tools_verify_round_trip_passes_on_the_cpu() {
+    let mut e = engine("tiny-qwen3next-q4_k_m.gguf", 32, 2);
+    let mut seq = e.open_sequence(0).unwrap();
+    let (differing, compared) =
+        redlite_engine::parity::verify_roundtrip(&mut *seq, &PROMPT, &NEXT).unwrap();
+    assert_eq!(differing, 0);
+    // (n + 1) passes of n rows, plus the tokens decoded after each keep.
+    assert_eq!(compared, 5 * 4 + (4 + 3 + 2 + 1));
+}

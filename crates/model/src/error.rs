@@ -55,6 +55,8 @@ pub enum ModelError {
     Plan(#[from] redlite_expertcache::PlanError),
     #[error("an expert cache reads the model file, but this model was not opened from a file")]
     NoFilePath,
+    #[error("rolling back a verify pass: {0}")]
+    Rollback(String),
     #[error("{backend} backend: {what}")]
     Backend { backend: &'static str, what: String },
 }

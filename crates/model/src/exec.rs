@@ -15,7 +15,7 @@ use crate::weights::Weight;
 use crate::ModelError;
 use redlite_cpu::attention::{causal_attention, causal_attention_reference, AttnShape};
 use redlite_cpu::deltanet::{gdn_chunked, gdn_recurrent, GdnInputs, GdnShape};
-use redlite_cpu::matmul::{matmul, matmul_many, matmul_reference};
+use redlite_cpu::matmul::{matmul_batched, matmul_many_batched, matmul_reference, Batching};
 use redlite_cpu::matmul_ref::{matmul_reference_ggml, round_bf16, round_f16};
 use redlite_cpu::{Pool, QMatrix};
 use redlite_expertcache::ExpertCache;
@@ -42,6 +42,9 @@ pub struct Exec<'a> {
     /// Pre-gating: how many experts of the next MoE layer to prefetch from
     /// the current hidden state (0: off; only with a cache).
     pub pregate: usize,
+    /// How batches of several tokens run: GEMM kernels for prompts, the
+    /// decode kernels for a verify pass (see [`Batching`]).
+    pub batching: Batching,
 }
 
 impl Exec<'_> {
@@ -88,7 +91,7 @@ impl Exec<'_> {
         }
         let mut out: [Vec<f32>; N] = core::array::from_fn(|i| vec![0f32; n * ms[i].rows]);
         let mut refs: Vec<&mut [f32]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
-        matmul_many(self.pool, &ms, xs, n, &mut refs)?;
+        matmul_many_batched(self.pool, &ms, xs, n, &mut refs, self.batching)?;
         Ok(out)
     }
 
@@ -134,7 +137,7 @@ impl Exec<'_> {
             }
             _ => xs,
         };
-        matmul(self.pool, m, xs, n, &mut ys)?;
+        matmul_batched(self.pool, m, xs, n, &mut ys, self.batching)?;
         Ok(ys)
     }
 
@@ -159,6 +162,19 @@ impl Exec<'_> {
                 self.pool, shape, q, k_cache, v_cache, pos0, n_tok, scale, &mut out,
             )?;
         }
+        Ok(out)
+    }
+
+    /// The scan token by token whatever the batch (a verify pass, whose
+    /// rollback replays it; see `blocks::deltanet`).
+    pub fn gdn_stepwise(
+        &self,
+        shape: &GdnShape,
+        x: &GdnInputs,
+        state: &mut [f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut out = vec![0f32; x.v.len()];
+        gdn_recurrent(self.pool, shape, x, state, &mut out)?;
         Ok(out)
     }
 

@@ -266,10 +266,9 @@ pub(crate) fn session_from_image(
                 v: v.into_owned(),
                 len: pos,
             }),
-            LayerImage::Recurrent { conv, ssm } => LayerState::Recurrent(RecurrentState {
-                conv: conv.into_owned(),
-                ssm: ssm.into_owned(),
-            }),
+            LayerImage::Recurrent { conv, ssm } => LayerState::Recurrent(
+                RecurrentState::from_parts(conv.into_owned(), ssm.into_owned()),
+            ),
             // check() above refused f16 rows for the f32 layout.
             LayerImage::Kv { .. } => return Err(bad("f16 KV rows on the CPU".into())),
         });

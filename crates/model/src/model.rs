@@ -311,6 +311,7 @@ impl Model {
             reference: self.reference,
             experts: self.experts.as_ref(),
             pregate: self.pregate,
+            batching: Default::default(),
         }
     }
 }

@@ -243,9 +243,56 @@ impl Sampler {
     /// The choice from adjusted logits: greedy, or temperature with top-k,
     /// min-p and top-p.
     fn choose(&mut self, l: &[f32]) -> u32 {
-        let c = &self.cfg;
-        if c.temperature <= 0.0 || l.len() <= 1 {
+        if self.cfg.temperature <= 0.0 || l.len() <= 1 {
             return argmax(l) as u32;
+        }
+        let dist = self.cfg.distribution_of(l);
+        self.pick(&dist)
+    }
+
+    /// The distribution a token is drawn from after `logits` and `history`
+    /// (bias, penalties, temperature, top-k, min-p, top-p): candidates and
+    /// their probabilities, summing to 1, most likely first. Greedy is the
+    /// one-hot distribution of the argmax.
+    pub fn distribution(&self, logits: &[f32], history: &[u32]) -> Vec<(u32, f64)> {
+        let l = self.cfg.adjusted_logits(logits, history);
+        self.cfg.distribution_of(&l)
+    }
+
+    /// Draw from a distribution (see [`Sampler::distribution`]) with one
+    /// RNG draw.
+    pub fn pick(&mut self, dist: &[(u32, f64)]) -> u32 {
+        if dist.is_empty() {
+            return 0;
+        }
+        let total: f64 = dist.iter().map(|d| d.1).sum();
+        let mut r = self.rng.next_f64() * total;
+        for &(t, p) in dist {
+            if r < p {
+                return t;
+            }
+            r -= p;
+        }
+        dist[dist.len() - 1].0
+    }
+
+    /// A uniform draw in [0, 1) from the sampler's RNG (the acceptance test
+    /// of speculative sampling).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+}
+
+impl SamplerConfig {
+    /// Whether every choice is the argmax (no RNG involved).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    fn distribution_of(&self, l: &[f32]) -> Vec<(u32, f64)> {
+        let c = self;
+        if c.temperature <= 0.0 || l.len() <= 1 {
+            return vec![(argmax(l) as u32, 1.0)];
         }
         // Candidates sorted by logit, descending.
         let mut cand: Vec<(usize, f32)> = l.iter().copied().enumerate().collect();
@@ -281,14 +328,10 @@ impl Sampler {
             probs.truncate(keep.max(1));
         }
         let total: f64 = probs.iter().sum();
-        let mut r = self.rng.next_f64() * total;
-        for (i, p) in probs.iter().enumerate() {
-            if r < *p {
-                return cand[i].0 as u32;
-            }
-            r -= p;
-        }
-        cand[probs.len() - 1].0 as u32
+        cand.iter()
+            .zip(probs)
+            .map(|(&(t, _), p)| (t as u32, p / total))
+            .collect()
     }
 }
 

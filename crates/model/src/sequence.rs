@@ -108,6 +108,24 @@ pub trait Sequence {
         self.prefill(&[token], Logits::Last)
     }
 
+    /// Run draft tokens from the current position as one verify pass and
+    /// return every position's logits (`tokens.len() × n_vocab`), each the
+    /// value decoding the tokens one by one would give. Afterwards
+    /// [`accept`](Sequence::accept) keeps a prefix of them; anything else
+    /// run on the sequence first keeps them all.
+    fn verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let _ = tokens;
+        Err(self.unsupported("verifying draft tokens"))
+    }
+
+    /// Keep the first `keep` tokens of the last verify pass and discard
+    /// the rest (KV rows dropped, recurrent state rolled back to the last
+    /// kept token without recomputing the kept ones).
+    fn accept(&mut self, keep: usize) -> Result<(), ModelError> {
+        let _ = keep;
+        Err(self.unsupported("rolling back draft tokens"))
+    }
+
     /// Positions used so far.
     fn pos(&self) -> usize;
 
@@ -227,6 +245,14 @@ impl CpuSequence {
 impl Sequence for CpuSequence {
     fn prefill(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
         self.session.forward(&self.model, tokens, want)
+    }
+
+    fn verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.session.verify(&self.model, tokens)
+    }
+
+    fn accept(&mut self, keep: usize) -> Result<(), ModelError> {
+        self.session.keep(&self.model, keep)
     }
 
     fn pos(&self) -> usize {

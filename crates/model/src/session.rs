@@ -6,6 +6,7 @@ use crate::blocks::deltanet::RecurrentState;
 use crate::blocks::moe::Route;
 use crate::trace::Trace;
 use crate::{Model, ModelError};
+use redlite_cpu::matmul::Batching;
 
 /// The state of one layer, matching its mixer.
 #[derive(Clone, Debug)]
@@ -32,6 +33,15 @@ pub struct Session {
     /// The trace recorder (off unless [`Session::enable_trace`]).
     pub trace: Trace,
     routes: Vec<Vec<Route>>,
+    /// The verify pass [`Session::keep`] applies to.
+    pending: Option<Pending>,
+}
+
+/// Where the last verify pass started and how many tokens it ran.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    start: usize,
+    n: usize,
 }
 
 impl Session {
@@ -42,6 +52,7 @@ impl Session {
             ctx_len,
             trace: Trace::default(),
             routes: Vec::new(),
+            pending: None,
         }
     }
 
@@ -69,6 +80,7 @@ impl Session {
     /// Forget everything: position 0, empty caches, zero states.
     pub fn clear(&mut self) {
         self.pos = 0;
+        self.pending = None;
         self.routes.clear();
         for s in &mut self.states {
             match s {
@@ -89,6 +101,75 @@ impl Session {
         &self.routes
     }
 
+    /// Run draft tokens as one verify pass: every position's logits
+    /// (`tokens.len() × n_vocab`), each the value a token-by-token decode
+    /// gives, and a record from which [`Session::keep`] drops any suffix.
+    pub fn verify(&mut self, model: &Model, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.pending = None;
+        for s in &mut self.states {
+            if let LayerState::Recurrent(r) = s {
+                r.arm_rollback();
+            }
+        }
+        let start = self.pos;
+        let out = model
+            .pool()
+            .install(|| self.forward_on_pool(model, tokens, Logits::All, Batching::AsDecode));
+        match out {
+            Ok(l) => {
+                self.pending = Some(Pending {
+                    start,
+                    n: tokens.len(),
+                });
+                Ok(l)
+            }
+            Err(e) => {
+                // The pass did not complete: no prefix of it can be kept.
+                for s in &mut self.states {
+                    if let LayerState::Recurrent(r) = s {
+                        r.end_rollback();
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Keep the first `keep` tokens of the last [`Session::verify`] and
+    /// drop the rest: KV rows truncated, DeltaNet states rolled back (the
+    /// accepted tokens are replayed through the recurrence only).
+    pub fn keep(&mut self, model: &Model, keep: usize) -> Result<(), ModelError> {
+        let Some(p) = self.pending.take() else {
+            return Err(ModelError::Rollback(
+                "keep without a verify pass before it".into(),
+            ));
+        };
+        if keep > p.n {
+            return Err(ModelError::Rollback(format!(
+                "keeping {keep} tokens of a pass of {}",
+                p.n
+            )));
+        }
+        let params = model.arch().deltanet_params();
+        let pool = model.pool();
+        for s in &mut self.states {
+            match s {
+                LayerState::Kv(kv) => kv.truncate(p.start + keep),
+                LayerState::Recurrent(r) => {
+                    let params = params.as_ref().ok_or_else(|| {
+                        ModelError::Rollback("a recurrent layer in a model without DeltaNet".into())
+                    })?;
+                    r.roll_back(pool, params, keep)?;
+                }
+            }
+        }
+        for layer in &mut self.routes {
+            layer.truncate(keep);
+        }
+        self.pos = p.start + keep;
+        Ok(())
+    }
+
     /// Run `tokens` (a prompt in batches of the model's `ubatch`, or one
     /// token) and return the wanted logits.
     ///
@@ -102,9 +183,17 @@ impl Session {
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
+        if self.pending.take().is_some() {
+            // A forward after a verify pass keeps all of it.
+            for s in &mut self.states {
+                if let LayerState::Recurrent(r) = s {
+                    r.end_rollback();
+                }
+            }
+        }
         model
             .pool()
-            .install(|| self.forward_on_pool(model, tokens, want))
+            .install(|| self.forward_on_pool(model, tokens, want, Batching::Gemm))
     }
 
     fn forward_on_pool(
@@ -112,6 +201,7 @@ impl Session {
         model: &Model,
         tokens: &[u32],
         want: Logits,
+        batching: Batching,
     ) -> Result<Vec<f32>, ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::NoTokens);
@@ -130,7 +220,8 @@ impl Session {
                 n_vocab,
             });
         }
-        let ex = model.exec();
+        let mut ex = model.exec();
+        ex.batching = batching;
         let arch = model.arch();
         let d = arch.n_embd();
         let mut logits = Vec::new();

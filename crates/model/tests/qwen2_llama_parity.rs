@@ -442,6 +442,7 @@ fn stages_match_llama_cpp_on_its_inputs() {
             reference,
             experts: None,
             pregate: 0,
+            batching: Default::default(),
         };
         // The fast path must match ggml's arithmetic; the reference path
         // (f64 dots, maybe f32 activations) only its meaning.

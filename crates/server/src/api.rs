@@ -67,6 +67,14 @@ pub struct SamplingFields {
     /// Token id (as a string) → bias; checked in `extra`.
     #[serde(default)]
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// Speculative decoding for this request (llama-server's field names
+    /// for the lengths): `none`, `lookup` or `mtp`.
+    #[serde(default, rename = "speculative.type")]
+    pub speculative_type: Option<String>,
+    #[serde(default, rename = "speculative.n_max")]
+    pub speculative_n_max: Option<u64>,
+    #[serde(default, rename = "speculative.n_min")]
+    pub speculative_n_min: Option<u64>,
 }
 
 /// `POST /v1/chat/completions` (its sampling fields are read separately as

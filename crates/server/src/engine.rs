@@ -82,6 +82,8 @@ pub struct Job {
     /// Constrained decoding: only tokens that keep this grammar alive are
     /// sampled, and end-of-generation only once it is complete.
     pub grammar: Option<Arc<Grammar>>,
+    /// The request's speculative-decoding fields.
+    pub spec: crate::request::SpecRequest,
 }
 
 /// Why a job failed.
@@ -91,6 +93,8 @@ enum JobError {
     Model(#[from] redlite_model::ModelError),
     #[error("constrained decoding: {0}")]
     Grammar(#[from] GrammarError),
+    #[error(transparent)]
+    Spec(#[from] redlite_spec::SpecError),
 }
 
 /// How the engine runs.
@@ -106,6 +110,8 @@ pub struct EngineConfig {
     pub max_checkpoints: usize,
     /// Persist end-of-turn checkpoints as state files here (`--state-dir`).
     pub state_dir: Option<crate::statedir::StateDirConfig>,
+    /// Speculative decoding where a request does not say (`--spec`).
+    pub spec: redlite_spec::SpecOptions,
 }
 
 /// The client side of the engine: submit jobs.
@@ -478,77 +484,160 @@ impl Engine {
         let send = |text: String| text.is_empty() || job.events.send(Event::Text(text)).is_ok();
         let mut cancelled = false;
         let mut logprobs = Vec::new();
-        // When the last token was ready: each step's latency (sampling,
-        // the grammar's mask, the decode call) goes to the histogram.
+        // When the last token was ready: the time from one token to the
+        // next (sampling, the grammar's mask, the model's step) goes to
+        // the token-latency histogram, one observation per token after the
+        // first.
         let mut last_token: Option<Instant> = None;
-        for i in 0..job.max_tokens {
-            if job.events.is_closed() {
-                cancelled = true;
-                break;
-            }
-            let next = match constraint.as_mut() {
-                None => sampler.sample(&logits, &history),
-                Some(c) => {
-                    let mut masked = Ok(());
-                    let next = sampler.sample_masked(&logits, &history, |l| masked = c.apply(l));
-                    masked?;
-                    if !c.accept_token(next)? {
-                        return Err(GrammarError::Invalid(format!(
-                            "the sampler chose token {next}, which the grammar refuses"
-                        ))
-                        .into());
-                    }
-                    next
+        let spec_opts = job.spec.over(&self.cfg.spec);
+        // Speculation needs every kept token's choice made from its own
+        // logits by the plain rule: grammars and log-probabilities take
+        // the token-by-token loop.
+        let speculate = spec_opts.mode != redlite_spec::SpecMode::None
+            && constraint.is_none()
+            && job.logprobs.is_none();
+        if speculate {
+            let drafter = redlite_spec::drafter(&spec_opts)?;
+            let mut spec = redlite_spec::Speculator::new(drafter, spec_opts);
+            let tok = self.tok.clone();
+            let is_stop = move |t: u32| tok.is_eog(t);
+            'steps: while generated < job.max_tokens {
+                if job.events.is_closed() {
+                    cancelled = true;
+                    break;
                 }
-            };
-            if self.tok.is_eog(next) {
-                finish = Finish::Stop;
-                break;
-            }
-            if let Some(k) = job.logprobs {
-                // The distribution the choice was made from, before
-                // temperature: bias and penalties applied (OpenAI's).
-                let adjusted = job.sampler.adjusted_logits(&logits, &history);
-                let (logprob, top) = redlite_model::sample::log_probs(&adjusted, next, k);
-                logprobs.push(TokenLogprob {
-                    id: next,
-                    logprob,
-                    top,
-                });
-            }
-            generated += 1;
-            history.push(next);
-            let piece = decoder.push(next);
-            let (text, stopped) = stop.push(&piece);
-            ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
-            let now = Instant::now();
-            if let Some(prev) = last_token {
+                // A step may emit one token it does not run (as the plain
+                // loop's last one), never run one past the context.
+                let room = self.seq.ctx_len().saturating_sub(self.seq.pos()) + 1;
+                let budget = (job.max_tokens - generated).min(room);
+                let step_start = Instant::now();
+                let step = spec.step(
+                    &mut *self.seq,
+                    &mut sampler,
+                    &mut history,
+                    &mut logits,
+                    budget,
+                    &is_stop,
+                )?;
+                // A step's tokens arrive together: each is counted at an
+                // even share of the time since the token before them.
+                let n = step.tokens.len();
+                if n > 0 {
+                    let now = Instant::now();
+                    let gap = (now - last_token.unwrap_or(step_start)).as_secs_f64();
+                    let counted = if last_token.is_some() { n } else { n - 1 };
+                    self.metrics
+                        .token_latency
+                        .observe_n(gap / n as f64, counted as u64);
+                    last_token = Some(now);
+                }
+                for &next in &step.tokens {
+                    generated += 1;
+                    let piece = decoder.push(next);
+                    let (text, stopped) = stop.push(&piece);
+                    ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                    if !send(text) {
+                        cancelled = true;
+                        break 'steps;
+                    }
+                    if stopped {
+                        finish = Finish::Stop;
+                        break 'steps;
+                    }
+                }
+                if step.stop.is_some() {
+                    finish = Finish::Stop;
+                    break;
+                }
+                if !step.all_run || self.seq.pos() >= self.seq.ctx_len() {
+                    break;
+                }
                 self.metrics
-                    .token_latency
-                    .observe((now - prev).as_secs_f64());
+                    .kv_tokens
+                    .store(self.seq.pos() as u64, Ordering::Relaxed);
             }
-            last_token = Some(now);
-            if !send(text) {
-                cancelled = true;
-                break;
-            }
-            if stopped {
-                finish = Finish::Stop;
-                break;
-            }
-            // A finished grammar allows only end-of-generation: stop here
-            // rather than compute a token whose choice is made.
-            if constraint.as_ref().is_some_and(|c| c.is_finished()) {
-                finish = Finish::Stop;
-                break;
-            }
-            if i + 1 == job.max_tokens || self.seq.pos() >= self.seq.ctx_len() {
-                break;
-            }
-            logits = self.seq.decode(next)?;
+            let st = spec.stats();
             self.metrics
-                .kv_tokens
-                .store(self.seq.pos() as u64, Ordering::Relaxed);
+                .spec_passes
+                .fetch_add(st.passes, Ordering::Relaxed);
+            self.metrics
+                .spec_drafted
+                .fetch_add(st.drafted, Ordering::Relaxed);
+            self.metrics
+                .spec_accepted
+                .fetch_add(st.accepted, Ordering::Relaxed);
+            tracing::info!("request: {}", st.line());
+        } else {
+            for i in 0..job.max_tokens {
+                if job.events.is_closed() {
+                    cancelled = true;
+                    break;
+                }
+                let next = match constraint.as_mut() {
+                    None => sampler.sample(&logits, &history),
+                    Some(c) => {
+                        let mut masked = Ok(());
+                        let next =
+                            sampler.sample_masked(&logits, &history, |l| masked = c.apply(l));
+                        masked?;
+                        if !c.accept_token(next)? {
+                            return Err(GrammarError::Invalid(format!(
+                                "the sampler chose token {next}, which the grammar refuses"
+                            ))
+                            .into());
+                        }
+                        next
+                    }
+                };
+                if self.tok.is_eog(next) {
+                    finish = Finish::Stop;
+                    break;
+                }
+                if let Some(k) = job.logprobs {
+                    // The distribution the choice was made from, before
+                    // temperature: bias and penalties applied (OpenAI's).
+                    let adjusted = job.sampler.adjusted_logits(&logits, &history);
+                    let (logprob, top) = redlite_model::sample::log_probs(&adjusted, next, k);
+                    logprobs.push(TokenLogprob {
+                        id: next,
+                        logprob,
+                        top,
+                    });
+                }
+                generated += 1;
+                history.push(next);
+                let piece = decoder.push(next);
+                let (text, stopped) = stop.push(&piece);
+                ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                let now = Instant::now();
+                if let Some(prev) = last_token {
+                    self.metrics
+                        .token_latency
+                        .observe((now - prev).as_secs_f64());
+                }
+                last_token = Some(now);
+                if !send(text) {
+                    cancelled = true;
+                    break;
+                }
+                if stopped {
+                    finish = Finish::Stop;
+                    break;
+                }
+                // A finished grammar allows only end-of-generation: stop here
+                // rather than compute a token whose choice is made.
+                if constraint.as_ref().is_some_and(|c| c.is_finished()) {
+                    finish = Finish::Stop;
+                    break;
+                }
+                if i + 1 == job.max_tokens || self.seq.pos() >= self.seq.ctx_len() {
+                    break;
+                }
+                logits = self.seq.decode(next)?;
+                self.metrics
+                    .kv_tokens
+                    .store(self.seq.pos() as u64, Ordering::Relaxed);
+            }
         }
         if cancelled {
             return Ok(None);

@@ -181,6 +181,10 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("the engine thread stopped")]
     EngineGone,
+    #[error("{0}")]
+    Options(String),
+    #[error(transparent)]
+    Spec(#[from] redlite_spec::SpecError),
 }
 
 #[cfg(test)]

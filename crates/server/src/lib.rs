@@ -119,6 +119,8 @@ pub struct ServeArgs {
     pub cors_origin: Vec<String>,
     #[command(flatten)]
     pub dev: redlite_engine::DeviceArgs,
+    #[command(flatten)]
+    pub spec: redlite_spec::SpecArgs,
 }
 
 impl ServeArgs {
@@ -145,6 +147,7 @@ impl ServeArgs {
             expert_cache: None,
             cors_origin: Vec::new(),
             dev: Default::default(),
+            spec: Default::default(),
         }
     }
 }
@@ -152,6 +155,9 @@ impl ServeArgs {
 /// Load the model, start the engine loop, and return the shared state the
 /// routes use.
 pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
+    let spec = args.spec.options().map_err(ServerError::Options)?;
+    // Refused before the model loads when the drafter cannot be made.
+    redlite_spec::drafter(&spec)?;
     let path = &args.model;
     let file = GgufFile::open(path).map_err(|source| ServerError::Open {
         path: path.display().to_string(),
@@ -258,6 +264,7 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
                 ),
                 layers: redlite_model::StateLayout::of(&model, redlite_model::KvElem::F32).layers,
             }),
+            spec,
         },
         metrics.clone(),
     )?;

@@ -26,9 +26,14 @@ pub struct Metrics {
     pub checkpoints: AtomicU64,
     pub checkpoint_tokens: AtomicU64,
     pub checkpoint_bytes: AtomicU64,
+    /// Speculative decoding: verify passes, draft tokens proposed, kept.
+    pub spec_passes: AtomicU64,
+    pub spec_drafted: AtomicU64,
+    pub spec_accepted: AtomicU64,
     /// Seconds from the engine taking a request to its first token.
     pub ttft: Histogram<12>,
-    /// Seconds between consecutive generated tokens (one per step).
+    /// Seconds from one generated token to the next (one per token after
+    /// the first).
     pub token_latency: Histogram<12>,
     /// Seconds computing a request's prompt (the part not cached).
     pub prompt_latency: Histogram<12>,
@@ -76,6 +81,9 @@ impl Default for Metrics {
             checkpoints: Default::default(),
             checkpoint_tokens: Default::default(),
             checkpoint_bytes: Default::default(),
+            spec_passes: Default::default(),
+            spec_drafted: Default::default(),
+            spec_accepted: Default::default(),
             ttft: Histogram::new(TTFT_BOUNDS),
             token_latency: Histogram::new(TOKEN_BOUNDS),
             prompt_latency: Histogram::new(PROMPT_BOUNDS),
@@ -276,6 +284,24 @@ impl Metrics {
             "Requests the engine is running.",
             gu(&self.processing),
         );
+        metric(
+            "redlite_speculative_passes_total",
+            "counter",
+            "Speculative decoding: verify passes run.",
+            g(&self.spec_passes),
+        );
+        metric(
+            "redlite_speculative_draft_tokens_total",
+            "counter",
+            "Speculative decoding: draft tokens proposed.",
+            g(&self.spec_drafted),
+        );
+        metric(
+            "redlite_speculative_accepted_tokens_total",
+            "counter",
+            "Speculative decoding: draft tokens kept (the model's own choice).",
+            g(&self.spec_accepted),
+        );
         let ctx = self.ctx.load(Ordering::Relaxed);
         let kv = self.kv_tokens.load(Ordering::Relaxed);
         metric(
@@ -325,7 +351,7 @@ impl Metrics {
         self.token_latency.render(
             &mut out,
             "redlite_token_latency_seconds",
-            "Seconds between consecutive generated tokens of a request (one observation per decode step).",
+            "Seconds from one generated token of a request to the next (one observation per token after the first; the tokens of a speculative step share its time evenly).",
         );
         self.prompt_latency.render(
             &mut out,

@@ -25,6 +25,65 @@ pub struct GenParams {
     /// Constrained decoding (`response_format`, `grammar`, a forced tool
     /// call); set by the endpoint after [`gen_params`].
     pub grammar: Option<std::sync::Arc<redlite_grammar::Grammar>>,
+    /// What the request says of speculative decoding (the server's
+    /// `--spec` options apply where it says nothing).
+    pub spec: SpecRequest,
+}
+
+/// A request's speculative-decoding fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecRequest {
+    pub mode: Option<redlite_spec::SpecMode>,
+    pub draft_max: Option<usize>,
+    pub draft_min: Option<usize>,
+}
+
+impl SpecRequest {
+    /// The server's options with this request's fields over them.
+    pub fn over(&self, base: &redlite_spec::SpecOptions) -> redlite_spec::SpecOptions {
+        redlite_spec::SpecOptions {
+            mode: self.mode.unwrap_or(base.mode),
+            draft_max: self.draft_max.unwrap_or(base.draft_max),
+            draft_min: self.draft_min.unwrap_or(base.draft_min),
+            ..*base
+        }
+    }
+}
+
+fn spec_request(s: &SamplingFields) -> Result<SpecRequest, ApiError> {
+    let mode = match s.speculative_type.as_deref() {
+        None => None,
+        Some(t) => Some(redlite_spec::SpecMode::parse(t).ok_or_else(|| {
+            ApiError::invalid(
+                "speculative.type",
+                format!("`speculative.type` must be one of none, lookup, mtp; got {t:?}"),
+            )
+        })?),
+    };
+    let limit = redlite_spec::DRAFT_MAX_LIMIT as u64;
+    let check = |field: &'static str, v: Option<u64>, lo: u64| -> Result<Option<usize>, ApiError> {
+        match v {
+            Some(n) if n < lo || n > limit => Err(ApiError::invalid(
+                field,
+                format!("`{field}` must be in {lo}..={limit}, got {n}"),
+            )),
+            v => Ok(v.map(|n| n as usize)),
+        }
+    };
+    let r = SpecRequest {
+        mode,
+        draft_max: check("speculative.n_max", s.speculative_n_max, 1)?,
+        draft_min: check("speculative.n_min", s.speculative_n_min, 0)?,
+    };
+    if let (Some(lo), Some(hi)) = (r.draft_min, r.draft_max) {
+        if lo > hi {
+            return Err(ApiError::invalid(
+                "speculative.n_min",
+                format!("`speculative.n_min` ({lo}) is above `speculative.n_max` ({hi})"),
+            ));
+        }
+    }
+    Ok(r)
 }
 
 impl GenParams {
@@ -102,6 +161,7 @@ pub fn gen_params(s: &SamplingFields, _limits: &Limits) -> Result<GenParams, Api
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         grammar: None,
+        spec: spec_request(s)?,
     })
 }
 

@@ -271,6 +271,7 @@ pub(crate) fn submit(
         events: tx,
         logprobs,
         grammar: g.grammar.clone(),
+        spec: g.spec,
     };
     if !s.engine.submit(job) {
         return Err(ApiError::Internal("the engine thread stopped".into()));

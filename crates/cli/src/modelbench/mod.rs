@@ -19,6 +19,7 @@
 
 use crate::memory;
 use anyhow::{bail, Context, Result};
+mod spec;
 mod steps;
 
 use redlite_engine::{Engine, Sequence};
@@ -129,6 +130,20 @@ pub struct ModelBenchArgs {
     /// graph).
     #[arg(long)]
     pub profile: bool,
+    #[command(flatten)]
+    pub spec: redlite_spec::SpecArgs,
+    /// A text prompt (a file) for the speculative-decoding test: with
+    /// --spec, the largest -n of tokens is decoded greedily after it with
+    /// and without speculation, alternating; tokens must be identical.
+    #[arg(long)]
+    pub prompt_file: Option<PathBuf>,
+    /// Use --prompt-file as it is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Verify-pass costs for these draft lengths (k draft tokens + 1),
+    /// against one decode step, at each -d depth.
+    #[arg(long, value_delimiter = ',')]
+    pub verify_k: Vec<usize>,
 }
 
 /// `--depth-fill`.
@@ -353,6 +368,9 @@ pub fn run(mut args: ModelBenchArgs) -> Result<()> {
         },
     )
     .with_context(|| format!("loading model {}", path.display()))?;
+    if args.prompt_file.is_some() || !args.verify_k.is_empty() {
+        return spec::run(&args, model);
+    }
     let tests = plan(&args);
     if tests.is_empty() {
         bail!("nothing to run: give -p and/or -n greater than 0");

@@ -111,6 +111,14 @@ impl Arch {
         }
     }
 
+    /// The DeltaNet layers' shapes (None for architectures without them).
+    pub fn deltanet_params(&self) -> Option<crate::blocks::deltanet::DeltaNetParams> {
+        match self {
+            Arch::Qwen3Next(m) => Some(m.deltanet_params()),
+            Arch::Qwen2(_) => None,
+        }
+    }
+
     pub fn new_states(&self) -> Vec<LayerState> {
         match self {
             Arch::Qwen3Next(m) => m.new_states(),

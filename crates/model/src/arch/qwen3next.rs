@@ -438,6 +438,10 @@ impl Qwen3Next {
             .collect()
     }
 
+    pub fn deltanet_params(&self) -> DeltaNetParams {
+        self.dn
+    }
+
     /// One decode token as stages: the same layer order as
     /// [`Self::forward_hidden`], for backends that record a token once and
     /// replay it (see [`crate::stages`]).

@@ -50,6 +50,17 @@ impl KvCache {
         self.v.clear();
         self.len = 0;
     }
+
+    /// Drop the positions from `len` on (rejected draft tokens).
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        let (krow, vrow) = (self.k.len() / self.len, self.v.len() / self.len);
+        self.k.truncate(len * krow);
+        self.v.truncate(len * vrow);
+        self.len = len;
+    }
 }
 
 fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {

@@ -68,18 +68,141 @@ pub struct RecurrentState {
     pub conv: Vec<f32>,
     /// `n_v_heads × dk × dv`.
     pub ssm: Vec<f32>,
+    /// What a verify pass keeps to roll the state back to a prefix of its
+    /// tokens (see [`RecurrentState::arm_rollback`]).
+    rollback: Rollback,
+}
+
+/// A verify pass's record for one DeltaNet layer.
+///
+/// Unlike a KV cache, the recurrent state cannot drop its last tokens, so a
+/// rejected draft has to be undone. Instead of a copy of the whole state
+/// after every draft position (`n_v_heads × dk × dv` floats per position
+/// and layer, 2 MiB on the 80B shapes), the pass keeps the state it started
+/// from and the recurrence's inputs per token (a few KiB), and a rollback
+/// replays the recurrence over the accepted tokens only. The pass runs the
+/// recurrence token by token, so the replay repeats its arithmetic exactly.
+#[derive(Clone, Debug, Default)]
+enum Rollback {
+    #[default]
+    Off,
+    /// The next forward records.
+    Armed,
+    Recorded(Box<RollbackLog>),
+}
+
+#[derive(Clone, Debug)]
+struct RollbackLog {
+    conv: Vec<f32>,
+    ssm: Vec<f32>,
+    /// The conv inputs (q‖k‖v before the conv), `n × conv_dim`.
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    n: usize,
 }
 
 impl RecurrentState {
     pub fn new(p: &DeltaNetParams) -> RecurrentState {
+        RecurrentState::from_parts(
+            vec![0.0; (p.conv_kernel - 1) * p.conv_dim()],
+            vec![0.0; p.shape.state_len()],
+        )
+    }
+
+    /// A state holding `conv` and `ssm` (a restored state file).
+    pub fn from_parts(conv: Vec<f32>, ssm: Vec<f32>) -> RecurrentState {
         RecurrentState {
-            conv: vec![0.0; (p.conv_kernel - 1) * p.conv_dim()],
-            ssm: vec![0.0; p.shape.state_len()],
+            conv,
+            ssm,
+            rollback: Rollback::Off,
         }
     }
+
     pub fn clear(&mut self) {
         self.conv.iter_mut().for_each(|x| *x = 0.0);
         self.ssm.iter_mut().for_each(|x| *x = 0.0);
+        self.rollback = Rollback::Off;
+    }
+
+    /// Make the next forward record what [`RecurrentState::roll_back`]
+    /// needs (and run its recurrence token by token).
+    pub fn arm_rollback(&mut self) {
+        self.rollback = Rollback::Armed;
+    }
+
+    /// Bytes the last recorded pass keeps (for the memory accounting).
+    pub fn rollback_bytes(&self) -> usize {
+        match &self.rollback {
+            Rollback::Recorded(l) => {
+                4 * (l.conv.len()
+                    + l.ssm.len()
+                    + l.qkv.len()
+                    + l.q.len()
+                    + l.k.len()
+                    + l.v.len()
+                    + l.g.len()
+                    + l.beta.len())
+            }
+            _ => 0,
+        }
+    }
+
+    /// Keep the first `keep` tokens of the recorded pass: the state becomes
+    /// the one after its `keep`-th token. Ends the record either way.
+    pub fn roll_back(
+        &mut self,
+        pool: &redlite_cpu::Pool,
+        p: &DeltaNetParams,
+        keep: usize,
+    ) -> Result<(), ModelError> {
+        let log = match std::mem::take(&mut self.rollback) {
+            Rollback::Recorded(l) => l,
+            Rollback::Off | Rollback::Armed => {
+                return Err(ModelError::Rollback(
+                    "no verify pass was recorded for this DeltaNet layer".into(),
+                ))
+            }
+        };
+        if keep > log.n {
+            return Err(ModelError::Rollback(format!(
+                "keeping {keep} tokens of a pass of {}",
+                log.n
+            )));
+        }
+        if keep == log.n {
+            return Ok(());
+        }
+        let s = p.shape;
+        let (cd, kd, vd, h) = (p.conv_dim(), p.key_dim(), p.value_dim(), s.n_v_heads);
+        // The conv window after `keep` tokens: the last kernel-1 rows of
+        // the window before the pass followed by the kept inputs.
+        let mut window = log.conv;
+        window.extend_from_slice(&log.qkv[..keep * cd]);
+        let rows = p.conv_kernel - 1;
+        self.conv
+            .copy_from_slice(&window[window.len() - rows * cd..]);
+        self.ssm = log.ssm;
+        if keep > 0 {
+            let inputs = GdnInputs {
+                q: &log.q[..keep * kd],
+                k: &log.k[..keep * kd],
+                v: &log.v[..keep * vd],
+                g: &log.g[..keep * h],
+                beta: &log.beta[..keep * h],
+            };
+            let mut out = vec![0f32; keep * vd];
+            redlite_cpu::deltanet::gdn_recurrent(pool, &s, &inputs, &mut self.ssm, &mut out)?;
+        }
+        Ok(())
+    }
+
+    /// Drop a recorded pass (every token kept).
+    pub fn end_rollback(&mut self) {
+        self.rollback = Rollback::Off;
     }
 }
 
@@ -146,6 +269,12 @@ pub fn forward(
     }
     trace.record(t, "beta", n, &beta);
     trace.record(t, "gate", n, &g);
+    let record = matches!(st.rollback, Rollback::Armed);
+    let (conv_before, ssm_before) = if record {
+        (st.conv.clone(), st.ssm.clone())
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let mut conv = vec![0f32; n * cd];
     conv1d_causal(&mut st.conv, &w.conv, p.conv_kernel, &qkv, &mut conv)?;
     silu_inplace(&mut conv);
@@ -169,7 +298,24 @@ pub fn forward(
         g: &g,
         beta: &beta,
     };
-    let mut o = ex.gdn(&s, &inputs, &mut st.ssm)?;
+    let mut o = if record {
+        ex.gdn_stepwise(&s, &inputs, &mut st.ssm)?
+    } else {
+        ex.gdn(&s, &inputs, &mut st.ssm)?
+    };
+    if record {
+        st.rollback = Rollback::Recorded(Box::new(RollbackLog {
+            conv: conv_before,
+            ssm: ssm_before,
+            qkv,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            n,
+        }));
+    }
     trace.record(t, "attn_output_raw", n, &o);
     // Gated RMSNorm per value head: RMSNorm(o)·w·SiLU(z).
     rms_norm(&mut o, &w.norm, p.eps);

@@ -102,6 +102,7 @@ fn run(handle: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> Done {
         events: tx,
         logprobs: None,
         grammar: None,
+        spec: Default::default(),
     }));
     loop {
         match rx.blocking_recv().expect("the engine answers") {
@@ -139,6 +140,7 @@ fn start_double_with_hook(prompt_cache: bool) -> (EngineHandle, Arc<Mutex<Calls>
         prompt_cache,
         max_checkpoints: 4,
         state_dir: None,
+        spec: Default::default(),
     };
     let h = start(open, tok, cfg, Arc::new(Metrics::default())).expect("starts");
     (h, calls, hook)
@@ -160,6 +162,7 @@ fn a_prompt_cancelled_midway_keeps_what_was_computed() {
         events: tx,
         logprobs: None,
         grammar: None,
+        spec: Default::default(),
     }));
     // The retry resumes after the 4 tokens computed.
     let d = run(&h, prompt, 1);
@@ -227,6 +230,7 @@ fn a_grammar_constrains_the_output_and_ends_it() {
         events: tx,
         logprobs: None,
         grammar: Some(g.clone()),
+        spec: Default::default(),
     }));
     let mut out = String::new();
     let done = loop {
@@ -267,6 +271,7 @@ fn a_sequence_that_cannot_open_is_an_error_at_start() {
         prompt_cache: true,
         max_checkpoints: 1,
         state_dir: None,
+        spec: Default::default(),
     };
     let e = start(open, tokenizer(), cfg, Arc::new(Metrics::default())).unwrap_err();
     assert!(e.to_string().contains("no device"), "{e}");
