@@ -24,7 +24,7 @@ for round in $(seq "$ROUNDS"); do
     --draft-max "$DRAFT_MAX" -n "$N" -r 1 -o json 2>/dev/null \
     | python3 -c 'import json,sys; r=json.load(sys.stdin)[0]; print("RESULT redlite plain %.2f lookup %.2f tok/s speedup %.2fx acceptance %.1f%% tokens/pass %.2f identical %s" % (r["plain_ts"], r["spec_ts"], r["speedup"], 100*r["acceptance"], r["mean_accepted_len"], r["identical"]))'
   "$LB/llama-completion" -m "$M" -f "$P" -n "$N" --temp 0 --ignore-eos -ngl $NGL -no-cnv --no-warmup 2>&1 \
-    | grep -E "eval time" | grep -v prompt | sed 's/^/RESULT llama plain: /'
-  "$LB/llama-lookup" -m "$M" -f "$P" -n "$N" --temp 0 --ignore-eos -ngl $NGL --draft-max "$DRAFT_MAX" 2>&1 \
-    | grep -E "decoded|accept  " | tr -s ' ' | paste -sd' ' | sed 's/^/RESULT llama lookup: /'
+    | grep -E " eval time" | grep -v prompt | sed 's/^.*eval time/eval time/' | sed 's/^/RESULT llama plain: /'
+  "$LB/llama-lookup" -m "$M" -f "$P" -n "$N" --temp 0 --ignore-eos -ngl $NGL --spec-draft-n-max "$DRAFT_MAX" 2>&1 \
+    | grep -E " (encoded|decoded|accept) " | sed 's/^[0-9.]* I //' | tr -s ' ' | paste -sd' ' | sed 's/^/RESULT llama lookup: /'
 done
