@@ -2,7 +2,9 @@
 # CI gate for the CUDA kernels (no GPU, no toolkit needed): compile every
 # crates/cuda/kernels/*.cu exactly as the engine does at run time (NVRTC,
 # sm_90, headers inlined) and assemble the PTX with ptxas -arch=sm_90,
-# printing registers and spills; then `cargo check -p redlite-cuda`.
+# printing registers and spills; checks every kernel argument struct's
+# layout against NVRTC's (src/arg_layouts.rs); then `cargo check -p
+# redlite-cuda`. scripts/ptx-loads.sh prints the per-kernel load census.
 #
 # Tools come from PyPI into the repo's .venv, pinned. The nvcc wheel
 # (nvidia-cuda-nvcc-cu12) carries ptxas but no nvcc driver, so NVRTC
@@ -52,6 +54,20 @@ for p in "$out"/*.ptx; do
   "$ptxas" -arch=sm_90 -v "$p" -o "${p%.ptx}.cubin" 2>&1 |
     awk -v f="$(basename "$p" .ptx)" '/Compiling entry/ {k=$7} /spill/ {s=$5} /registers/ {print f": "k" "$5" registers, "s" bytes spilled"}'
 done
+echo "==> kernel argument structs: Rust layout vs NVRTC's (probe kernels)"
+# The test skips itself where no libnvrtc loads; here one must, so a skip
+# is a failure.
+probe_log="$out/arg_layouts.log"
+LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  cargo test --quiet --locked -p redlite-cuda --lib arg_layouts -- --nocapture >"$probe_log" 2>&1 || {
+  cat "$probe_log" >&2
+  echo "ERROR: kernel argument struct layouts differ (see above)" >&2
+  exit 1
+}
+if grep -q "no libnvrtc, skipped" "$probe_log"; then
+  echo "ERROR: the layout probe found no libnvrtc under $nvrtc_lib" >&2
+  exit 1
+fi
 echo "==> cargo check -p redlite-cuda"
 cargo check --quiet --locked -p redlite-cuda --all-targets
 echo "CUDA kernels OK"

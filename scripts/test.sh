@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import gguf, numpy, openai, anthropic, pytest, jsonschema' 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import gguf, numpy, openai, anthropic, pytest, jsonschema, prometheus_client' 2>/dev/null; then
   echo "==> creating .venv with the gguf package (test oracle)"
   python3 -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt

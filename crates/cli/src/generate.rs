@@ -279,6 +279,14 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     let mut session = engine.open_sequence(ctx)?;
     eprintln!("redlite: {}", engine.describe());
     let model = engine.model().clone();
+    let mut spec = redlite_spec::from_options(&spec_opts, &model, ctx)?;
+    let spec_reads_hidden = spec.as_ref().is_some_and(|s| s.needs_hidden());
+    if spec_reads_hidden {
+        if args.load_state.is_some() {
+            bail!("--spec mtp reads the hidden rows of the whole prompt, which a --load-state file does not hold: use --spec lookup with it");
+        }
+        session.keep_hidden(true)?;
+    }
     if trace_out.is_some() {
         session.enable_trace()?;
     }
@@ -326,6 +334,9 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     if logits.is_empty() {
         bail!("nothing to continue from: the prompt is empty and the state has no tokens");
     }
+    if let (Some(s), true) = (spec.as_mut(), spec_reads_hidden) {
+        s.prime(session.as_mut(), &history)?;
+    }
     let prompt_secs = t0.elapsed().as_secs_f64();
     if let Some(mut w) = trace_out.take() {
         write_trace(&mut w, &session.take_trace())?;
@@ -351,7 +362,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     };
     let is_stop = |t: u32| !args.ignore_eos && tokenizer.as_ref().is_ok_and(|k| k.is_eog(t));
     let mut spec_stats = None;
-    if let Some(mut spec) = redlite_spec::from_options(&spec_opts, &model)? {
+    if let Some(mut spec) = spec {
         while generated.len() < args.n_predict {
             let budget = args.n_predict - generated.len();
             let step = spec.step(

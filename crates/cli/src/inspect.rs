@@ -20,6 +20,8 @@ pub enum Role {
     DenseFfn,
     Norms,
     Head,
+    /// A NextN (MTP) block after the trunk: the draft head.
+    Mtp,
     Other,
 }
 
@@ -65,6 +67,7 @@ impl Role {
             Role::DenseFfn => "dense ffn",
             Role::Norms => "norms",
             Role::Head => "head",
+            Role::Mtp => "mtp (nextn)",
             Role::Other => "other",
         }
     }
@@ -202,6 +205,23 @@ pub fn report(file: &GgufFile, show_all_metadata: bool) -> String {
         }
     }
 
+    // NextN (MTP) blocks: the last `nextn_predict_layers` of `block_count`
+    // (llama.cpp's converter appends them after the trunk).
+    let n_block = meta.get_u64(&format!("{arch}.block_count")).unwrap_or(0);
+    let n_nextn = meta
+        .get_u64(&format!("{arch}.nextn_predict_layers"))
+        .unwrap_or(0)
+        .min(n_block);
+    let nextn_prefixes: Vec<String> = (n_block - n_nextn..n_block)
+        .map(|b| format!("blk.{b}."))
+        .collect();
+    let role_of = |name: &str| {
+        if nextn_prefixes.iter().any(|p| name.starts_with(p.as_str())) {
+            Role::Mtp
+        } else {
+            Role::of(name)
+        }
+    };
     let mut by_type: BTreeMap<GgmlType, (usize, u64)> = BTreeMap::new();
     let mut by_role: BTreeMap<Role, (usize, u64)> = BTreeMap::new();
     let mut unsupported: BTreeMap<GgmlType, Vec<&str>> = BTreeMap::new();
@@ -209,7 +229,7 @@ pub fn report(file: &GgufFile, show_all_metadata: bool) -> String {
         let e = by_type.entry(t.ty).or_default();
         e.0 += 1;
         e.1 += t.n_bytes;
-        let r = by_role.entry(Role::of(&t.name)).or_default();
+        let r = by_role.entry(role_of(&t.name)).or_default();
         r.0 += 1;
         r.1 += t.n_bytes;
         if !can_compute(t.ty) {
@@ -254,6 +274,20 @@ pub fn report(file: &GgufFile, show_all_metadata: bool) -> String {
             n,
             crate::memory::human(*bytes),
             pct
+        );
+    }
+    if n_nextn > 0 {
+        let (n, bytes) = by_role.get(&Role::Mtp).copied().unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "\nmtp: {n_nextn} NextN block(s) ({}, {n} tensors, {}): a draft head; the trunk runs {} of {n_block} blocks",
+            nextn_prefixes
+                .iter()
+                .map(|p| p.trim_end_matches('.'))
+                .collect::<Vec<_>>()
+                .join(", "),
+            crate::memory::human(bytes),
+            n_block - n_nextn
         );
     }
     if unsupported.is_empty() {

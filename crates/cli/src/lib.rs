@@ -12,6 +12,7 @@ pub mod out;
 pub mod perplexity;
 pub mod quantbench;
 pub mod residency;
+pub mod rollbackbench;
 pub mod state;
 
 /// The GPU tuning switches (`REDLITE_CUDA_*`, docs/cuda.md) in the

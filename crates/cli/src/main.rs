@@ -116,6 +116,8 @@ enum BenchCommand {
     },
     /// Per-token cost of a JSON-schema grammar's token mask over a model's vocabulary.
     Grammar(redlite_cli::grammarbench::GrammarBenchArgs),
+    /// What undoing rejected draft tokens costs the DeltaNet layers (per-token snapshots against replaying the kept tokens).
+    Rollback(redlite_cli::rollbackbench::RollbackBenchArgs),
     /// Prompt and decode tok/s of a whole model, printed like llama-bench (pp512, tg64@d4096, ...).
     Model(Box<modelbench::ModelBenchArgs>),
     /// CUDA kernels: GB/s per kernel and shape against the measured device copy bandwidth.
@@ -240,6 +242,9 @@ fn run(mut cli: Cli) -> Result<()> {
         Command::Bench {
             what: BenchCommand::Grammar(args),
         } => redlite_cli::grammarbench::run(args)?,
+        Command::Bench {
+            what: BenchCommand::Rollback(args),
+        } => redlite_cli::rollbackbench::run(args)?,
         Command::Bench {
             what:
                 BenchCommand::Quant {

@@ -141,3 +141,41 @@ fn malformed_file_is_a_named_error_not_a_crash() {
     assert!(!err.contains("panicked"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The MTP fixture (llama.cpp's converter without `--no-mtp`): inspect
+/// names the NextN block apart from the trunk, with as many tensors as the
+/// fixture's manifest lists for it (from the `gguf` package's reader).
+#[test]
+fn inspect_names_the_nextn_block() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3next-mtp");
+    let Ok(manifest) = std::fs::read_to_string(dir.join("manifest.json")) else {
+        eprintln!("skipped: no MTP fixture");
+        return;
+    };
+    let m: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    let n_tensors = m["gguf"]["with_mtp"]["nextn_block_tensors"]
+        .as_object()
+        .unwrap()
+        .len();
+    let file = dir.join("tiny-qwen3next-mtp-f32.gguf");
+    let out = redlite(&["inspect", file.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("mtp: "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("1 NextN block(s) (blk.4, ")
+            && line.contains(&format!("{n_tensors} tensors"))
+            && line.contains("the trunk runs 4 of 5 blocks"),
+        "{line}"
+    );
+    assert!(text.contains("mtp (nextn)"), "{text}");
+    // Without the block: no such line.
+    let out = redlite(&[
+        "inspect",
+        dir.join("tiny-qwen3next-nomtp-f32.gguf").to_str().unwrap(),
+    ]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("\nmtp: "));
+}

@@ -140,7 +140,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
     const int G = n_head / n_kv, ngroups = G / GB;
     const int kvh = blockIdx.x / ngroups, h0 = kvh * G + (blockIdx.x % ngroups) * GB;
     const int split = blockIdx.y;
-    const int n = *pos_p + 1;
+    const int n = __ldg(pos_p) + 1;
     const int chunk = (n + nsplit - 1) / nsplit;
     const int start = split * chunk, end = min(n, start + chunk);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -159,7 +159,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
         l[g] = 0.0f;
 #pragma unroll
         for (int d = 0; d < DPL; d++) {
-            qr[g][d] = q[(long long)(h0 + g) * HD + lane * DPL + d];
+            qr[g][d] = __ldg(&q[(long long)(h0 + g) * HD + lane * DPL + d]);
             acc[g][d] = 0.0f;
         }
     }
@@ -279,14 +279,29 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
 // for 1, as the one-wave grid of default_nsplit needs: left to its
 // occupancy heuristic ptxas capped attn_split_kvf16_g4_d4 at 64 registers
 // and spilled. The f32 kernels keep their measured allocation.
+// The kernels' arguments, one struct passed by value (mirrored by
+// `AttnSplitArgs` in src/ops/attention.rs, #[repr(C)]: same field order and
+// types; the caches are float or u16 (f16 bits) by kernel). NVRTC applies
+// `__restrict__` only to kernel parameters, so the body reads q, pos and
+// the caches (load_row, the f16 loads) through __ldg.
+struct AttnSplitArgs {
+    const float* q;
+    const void* kc;
+    const void* vc;
+    const int* pos_p;
+    float* part_o;
+    float* part_ml;
+    int n_head, n_kv, nsplit;
+    float scale;
+};
+static_assert(sizeof(AttnSplitArgs) == 64, "AttnSplitArgs: layout differs from src/ops/attention.rs");
+
 #define ATTN_SPLIT_T(NAME, T, GB, DPL, MINB)                                                    \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, MINB)                           \
-        NAME(const float* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,    \
-             const int* __restrict__ pos_p, float* __restrict__ part_o,                          \
-             float* __restrict__ part_ml, int n_head, int n_kv, int nsplit, float scale) {       \
+        NAME(__grid_constant__ const AttnSplitArgs a) {                                          \
         PDL_PROLOGUE();                                                                          \
-        attn_split_body<T, GB, DPL>(q, kc, vc, pos_p, part_o, part_ml, n_head, n_kv, nsplit,     \
-                                    scale);                                                      \
+        attn_split_body<T, GB, DPL>(a.q, (const T*)a.kc, (const T*)a.vc, a.pos_p, a.part_o,      \
+                                    a.part_ml, a.n_head, a.n_kv, a.nsplit, a.scale);             \
     }
 
 // Both cache types of one shape: attn_split_gGB_dDPL (f32 KV) and
@@ -314,18 +329,34 @@ ATTN_SPLIT(8, 8)
 // groups; group g sums slices g, g+4, ... (unrolled so the loads of several
 // slices are in flight), then the 4 groups are added in shared memory in a
 // fixed order. The max M over the slices is taken cooperatively first.
-extern "C" __global__ void __launch_bounds__(256)
-    attn_merge(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-               const float* __restrict__ gate, int gate_stride, float* __restrict__ out,
-               signed char* __restrict__ q8, float* __restrict__ q8d, int nsplit, int hd) {
+// attn_merge's arguments (mirrored by `AttnMergeArgs` in
+// src/ops/attention.rs): the partial results and the gate are read through
+// __ldg, as for attn_split.
+struct AttnMergeArgs {
+    const float* part_o;
+    const float* part_ml;
+    const float* gate;
+    float* out;
+    signed char* q8;
+    float* q8d;
+    int gate_stride, nsplit, hd, pad;
+};
+static_assert(sizeof(AttnMergeArgs) == 64, "AttnMergeArgs: layout differs from src/ops/attention.rs");
+
+extern "C" __global__ void __launch_bounds__(256) attn_merge(__grid_constant__ const AttnMergeArgs a) {
     PDL_PROLOGUE();
+    const float* gate = a.gate;
+    float* out = a.out;
+    signed char* q8 = a.q8;
+    float* q8d = a.q8d;
+    const int gate_stride = a.gate_stride, nsplit = a.nsplit, hd = a.hd;
     __shared__ float red[256];
     __shared__ float sacc[4][64], sl[4][64];
     const int h = blockIdx.x, t = threadIdx.x;
     const int j = blockIdx.y * 64 + (t & 63), grp = t >> 6;
-    const float* ml = part_ml + (long long)h * nsplit * 2;
+    const float* ml = a.part_ml + (long long)h * nsplit * 2;
     float M = -INFINITY;
-    for (int s = t; s < nsplit; s += 256) M = fmaxf(M, ml[2 * s]);
+    for (int s = t; s < nsplit; s += 256) M = fmaxf(M, __ldg(&ml[2 * s]));
     red[t] = M;
     __syncthreads();
     for (int o = 128; o > 0; o >>= 1) {
@@ -334,12 +365,12 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     M = red[0];
     float L = 0.0f, acc = 0.0f;
-    const float* po = part_o + (long long)h * nsplit * hd + j;
+    const float* po = a.part_o + (long long)h * nsplit * hd + j;
 #pragma unroll 4
     for (int s = grp; s < nsplit; s += 4) {
-        const float l = ml[2 * s + 1];
-        const float f = l > 0.0f ? expf(ml[2 * s] - M) : 0.0f;
-        const float o = l > 0.0f ? po[(long long)s * hd] : 0.0f;
+        const float l = __ldg(&ml[2 * s + 1]);
+        const float f = l > 0.0f ? expf(__ldg(&ml[2 * s]) - M) : 0.0f;
+        const float o = l > 0.0f ? __ldg(&po[(long long)s * hd]) : 0.0f;
         L = fmaf(l, f, L);
         acc = fmaf(f, o, acc);
     }
@@ -351,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(256)
         const float A = ((sacc[0][jj] + sacc[1][jj]) + sacc[2][jj]) + sacc[3][jj];
         const float LL = ((sl[0][jj] + sl[1][jj]) + sl[2][jj]) + sl[3][jj];
         float r = A / LL;
-        if (gate) r = __fmul_rn(r, sigmoid_f(gate[(long long)h * gate_stride + j]));
+        if (gate) r = __fmul_rn(r, sigmoid_f(__ldg(&gate[(long long)h * gate_stride + j])));
         out[(long long)h * hd + j] = r;
         if (q8) warp_q8(r, h * hd + j, q8, q8d);  // threads 0..63: two whole warps
     }

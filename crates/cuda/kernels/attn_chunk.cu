@@ -130,19 +130,40 @@ __device__ __forceinline__ void attn_chunk_body(const float* __restrict__ q,
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         float y = o[i] * inv;
-        if (gate) y = __fmul_rn(y, sigmoid_f(gate[t * gate_ld + (long long)h * 2 * HD + lane * DPL + i]));
+        if (gate) y = __fmul_rn(y, sigmoid_f(__ldg(&gate[t * gate_ld + (long long)h * 2 * HD + lane * DPL + i])));
         dst[i] = y;
     }
 }
 
+// The arguments of every attn_chunk_* and attn_flash_* kernel, one struct
+// passed by value (mirrored by `AttnChunkArgs` in src/ops/chunk.rs,
+// #[repr(C)]: same field order and types; the caches are float or u16 (f16
+// bits) by kernel). NVRTC applies `__restrict__` only to kernel
+// parameters, so the bodies read q, the caches and the gate through __ldg
+// (ach_load, fa_kv2 and the gate and Q loads). The warp kernels take the
+// struct as __grid_constant__, the flash kernels as a plain by-value
+// parameter: each the form whose registers stay at the separate
+// parameters' (docs/cuda.md, "Kernel arguments"; with __grid_constant__
+// attn_flash_d64 took 118 registers instead of 96).
+struct AttnChunkArgs {
+    const float* q;
+    const void* kc;
+    const void* vc;
+    const float* gate;
+    long long gate_ld;
+    float* out;
+    int n_head, n_kv, pos0, tokens;
+    float scale;
+    int pad;
+};
+static_assert(sizeof(AttnChunkArgs) == 72, "AttnChunkArgs: layout differs from src/ops/chunk.rs");
+
 #define ATTN_CHUNK(NAME, T, DPL)                                                                 \
     extern "C" __global__ void __launch_bounds__(ACH_WARPS * 32)                                 \
-        NAME(const float* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,    \
-             const float* __restrict__ gate, long long gate_ld, float* __restrict__ out,         \
-             int n_head, int n_kv, int pos0, int tokens, float scale) {                          \
+        NAME(__grid_constant__ const AttnChunkArgs a) {                                          \
         PDL_PROLOGUE();                                                                          \
-        attn_chunk_body<T, DPL>(q, kc, vc, gate, gate_ld, out, n_head, n_kv, pos0, tokens,       \
-                                scale);                                                          \
+        attn_chunk_body<T, DPL>(a.q, (const T*)a.kc, (const T*)a.vc, a.gate, a.gate_ld, a.out,   \
+                                a.n_head, a.n_kv, a.pos0, a.tokens, a.scale);                    \
     }
 
 ATTN_CHUNK(attn_chunk_d64, float, 2)
@@ -203,7 +224,7 @@ __device__ __forceinline__ void attn_flash_body(const float* __restrict__ q,
         if (row < rows) {
             const int t = row / r, h = g_kv * r + row % r;
             const float2 x =
-                *reinterpret_cast<const float2*>(q + ((long long)t * n_head + h) * HD + d2);
+                __ldg(reinterpret_cast<const float2*>(q + ((long long)t * n_head + h) * HD + d2));
             v = pack_h2(x.x, x.y);
         }
         *reinterpret_cast<u32*>(Qs + rr * LQ + d2) = v;
@@ -343,20 +364,17 @@ __device__ __forceinline__ void attn_flash_body(const float* __restrict__ q,
             for (int e = 0; e < 2; e++) {
                 const int col = j * 8 + 2 * c + e;
                 float y = o[j][2 * hrow + e] * inv;
-                if (gt) y = __fmul_rn(y, sigmoid_f(gt[col]));
+                if (gt) y = __fmul_rn(y, sigmoid_f(__ldg(&gt[col])));
                 dst[col] = y;
             }
     }
 }
 
 #define ATTN_FLASH(NAME, T, HD)                                                                  \
-    extern "C" __global__ void __launch_bounds__(128)                                            \
-        NAME(const float* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,    \
-             const float* __restrict__ gate, long long gate_ld, float* __restrict__ out,         \
-             int n_head, int n_kv, int pos0, int tokens, float scale) {                          \
+    extern "C" __global__ void __launch_bounds__(128) NAME(const AttnChunkArgs a) {              \
         PDL_PROLOGUE();                                                                          \
-        attn_flash_body<T, HD>(q, kc, vc, gate, gate_ld, out, n_head, n_kv, pos0, tokens,        \
-                               scale);                                                           \
+        attn_flash_body<T, HD>(a.q, (const T*)a.kc, (const T*)a.vc, a.gate, a.gate_ld, a.out,    \
+                               a.n_head, a.n_kv, a.pos0, a.tokens, a.scale);                     \
     }
 
 ATTN_FLASH(attn_flash_d64, float, 64)

@@ -56,26 +56,28 @@ __device__ __forceinline__ void attn_prep_body(
         w = k_norm;
         kdst = k_cache + at;
         for (int j = threadIdx.x; j < hd; j += blockDim.x)
-            kv_store(v_cache + at + j, v[(long long)g * hd + j]);
+            kv_store(v_cache + at + j, __ldg(&v[(long long)g * hd + j]));
     }
     float s = 1.0f;
     if (w) {
         double ss = 0.0;
         for (int j = threadIdx.x; j < hd; j += blockDim.x) {
-            const double x = src[j];
+            const double x = __ldg(&src[j]);
             ss += x * x;
         }
         ss = block_sum_f64(ss, scratch);
         s = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
     }
-    for (int j = threadIdx.x; j < hd; j += blockDim.x)
-        buf[j] = w ? __fmul_rn(__fmul_rn(src[j], s), w[j]) : src[j];
+    for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+        const float x = __ldg(&src[j]);
+        buf[j] = w ? __fmul_rn(__fmul_rn(x, s), __ldg(&w[j])) : x;
+    }
     __syncthreads();
     const int half = n_rot / 2;
     for (int j = threadIdx.x; j < hd; j += blockDim.x) {
         if (j < half) {
             double sd, cd;
-            sincos((double)pos * inv_freq[j], &sd, &cd);
+            sincos((double)pos * __ldg(&inv_freq[j]), &sd, &cd);
             const float c = (float)cd, sn = (float)sd;
             const float a = buf[j], bb = buf[j + half];
             prep_put(qdst, kdst, j, __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, sn)));
@@ -86,16 +88,38 @@ __device__ __forceinline__ void attn_prep_body(
     }
 }
 
+// Kernel arguments of all four kernels, one struct passed by value
+// (mirrored by `AttnPrepArgs` in src/ops/attn_prep.rs, #[repr(C)]: same
+// field order and types). The one-token kernels read the position from
+// *pos_p (ld_* and pos0 unused), the chunk kernels token t's rows at
+// t * ld_* and its position at pos0 + t (pos_p unused). The caches are
+// float or u16 (f16 bits) by kernel. NVRTC applies `__restrict__` only to
+// kernel parameters, not to struct members, so attn_prep_body reads its
+// read-only inputs through __ldg explicitly.
+struct AttnPrepArgs {
+    const float* q_full;
+    const float* k;
+    const float* v;
+    const float* q_norm;
+    const float* k_norm;
+    const double* inv_freq;
+    const int* pos_p;
+    float* q_out;
+    void* k_cache;
+    void* v_cache;
+    long long ld_q, ld_k, ld_v;
+    int n_rot, pos0, n_head, n_kv, hd, gated;
+    float eps;
+    int pad;
+};
+static_assert(sizeof(AttnPrepArgs) == 136, "AttnPrepArgs: layout differs from src/ops/attn_prep.rs");
+
 #define ATTN_PREP(NAME, T)                                                                       \
-    extern "C" __global__ void __launch_bounds__(256)                                            \
-        NAME(const float* __restrict__ q_full, const float* __restrict__ k,                      \
-             const float* __restrict__ v, const float* __restrict__ q_norm,                      \
-             const float* __restrict__ k_norm, const double* __restrict__ inv_freq, int n_rot,   \
-             const int* __restrict__ pos_p, float* __restrict__ q_out, T* __restrict__ k_cache,  \
-             T* __restrict__ v_cache, int n_head, int n_kv, int hd, int gated, float eps) {      \
+    extern "C" __global__ void __launch_bounds__(256) NAME(__grid_constant__ const AttnPrepArgs a) {               \
         PDL_PROLOGUE();                                                                          \
-        attn_prep_body<T>(q_full, k, v, q_norm, k_norm, inv_freq, n_rot, *pos_p, q_out, k_cache,  \
-                          v_cache, n_head, n_kv, hd, gated, eps);                                 \
+        attn_prep_body<T>(a.q_full, a.k, a.v, a.q_norm, a.k_norm, a.inv_freq, a.n_rot,          \
+                          __ldg(a.pos_p), a.q_out, (T*)a.k_cache, (T*)a.v_cache, a.n_head,      \
+                          a.n_kv, a.hd, a.gated, a.eps);                                         \
     }
 
 ATTN_PREP(attn_prep, float)
@@ -106,18 +130,13 @@ ATTN_PREP(attn_prep_kvf16, u16)
 // apart (the projections' output rows), its rotated q at q_out + t * n_head * hd.
 // Grid (n_head + n_kv, tokens), block 256.
 #define ATTN_PREP_CHUNK(NAME, T)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256)                                            \
-        NAME(const float* __restrict__ q_full, const float* __restrict__ k,                      \
-             const float* __restrict__ v, long long ld_q, long long ld_k, long long ld_v,       \
-             const float* __restrict__ q_norm,                                                   \
-             const float* __restrict__ k_norm, const double* __restrict__ inv_freq, int n_rot,   \
-             int pos0, float* __restrict__ q_out, T* __restrict__ k_cache,                       \
-             T* __restrict__ v_cache, int n_head, int n_kv, int hd, int gated, float eps) {      \
+    extern "C" __global__ void __launch_bounds__(256) NAME(__grid_constant__ const AttnPrepArgs a) {               \
         PDL_PROLOGUE();                                                                          \
         const long long t = blockIdx.y;                                                          \
-        attn_prep_body<T>(q_full + t * ld_q, k + t * ld_k, v + t * ld_v, q_norm, k_norm,         \
-                          inv_freq, n_rot, pos0 + (int)t, q_out + t * n_head * hd, k_cache,      \
-                          v_cache, n_head, n_kv, hd, gated, eps);                                \
+        attn_prep_body<T>(a.q_full + t * a.ld_q, a.k + t * a.ld_k, a.v + t * a.ld_v, a.q_norm,  \
+                          a.k_norm, a.inv_freq, a.n_rot, a.pos0 + (int)t,                        \
+                          a.q_out + t * a.n_head * a.hd, (T*)a.k_cache, (T*)a.v_cache,           \
+                          a.n_head, a.n_kv, a.hd, a.gated, a.eps);                               \
     }
 
 ATTN_PREP_CHUNK(attn_prep_chunk, float)

@@ -112,7 +112,7 @@ __device__ __forceinline__ void gdn_recur_body(const float* __restrict__ conv,
     for (int q = 0; q < RPL; q++)
 #pragma unroll
         for (int cc = 0; cc < 2; cc++) S[q][cc] = st[(long long)(l + 32 * q) * dv + ja + cc];
-    const float dtb = dt_bias[h], sa_h = ssm_a[h];
+    const float dtb = __ldg(&dt_bias[h]), sa_h = __ldg(&ssm_a[h]);
     // Staging: element e < dk: k[e]; < 2dk: q; < 2dk+W: v; == 2dk+W: the
     // gates (b, a).
     auto fetch = [&](int tok, float* reg) {
@@ -122,13 +122,13 @@ __device__ __forceinline__ void gdn_recur_body(const float* __restrict__ conv,
             const int e = t + m * (int)blockDim.x;
             float v = 0.0f;
             if (e < dk)
-                v = x[kd + kh * dk + e];
+                v = __ldg(&x[kd + kh * dk + e]);
             else if (e < 2 * dk)
-                v = x[kh * dk + (e - dk)];
+                v = __ldg(&x[kh * dk + (e - dk)]);
             else if (e < 2 * dk + W)
-                v = x[2 * kd + h * dv + j0 + (e - 2 * dk)];
+                v = __ldg(&x[2 * kd + h * dv + j0 + (e - 2 * dk)]);
             else if (e == 2 * dk + W)
-                v = ba[(long long)tok * ld_ba + kh * 2 * r + jj];
+                v = __ldg(&ba[(long long)tok * ld_ba + kh * 2 * r + jj]);
             reg[m] = v;
         }
     };
@@ -143,7 +143,7 @@ __device__ __forceinline__ void gdn_recur_body(const float* __restrict__ conv,
             else if (e < 2 * dk + W)
                 sv[buf][e - 2 * dk] = reg[m];
             else if (e == 2 * dk + W) {
-                const float a_in = ba[(long long)tok * ld_ba + kh * 2 * r + r + jj];
+                const float a_in = __ldg(&ba[(long long)tok * ld_ba + kh * 2 * r + r + jj]);
                 sg[buf][0] = sigmoid_f(reg[m]);
                 const float g = __fmul_rn(sa_h, softplus_c(__fadd_rn(a_in, dtb)));
                 sg[buf][1] = expf(g);
@@ -200,15 +200,27 @@ __device__ __forceinline__ void gdn_recur_body(const float* __restrict__ conv,
         for (int cc = 0; cc < 2; cc++) st[(long long)(l + 32 * q) * dv + ja + cc] = S[q][cc];
 }
 
+// gdn_recur_chunk_k*'s arguments, one struct passed by value (mirrored by
+// `GdnRecurArgs` in src/ops/chunk.rs, #[repr(C)]: same field order and
+// types). NVRTC applies `__restrict__` only to kernel parameters, so
+// gdn_recur_body reads conv, ba, dt_bias and ssm_a through __ldg.
+struct GdnRecurArgs {
+    const float* conv;
+    const float* ba;
+    long long ld_ba;
+    const float* dt_bias;
+    const float* ssm_a;
+    float* state;
+    float* raw;
+    int n_k, n_v, dk, dv, W, tokens;
+};
+static_assert(sizeof(GdnRecurArgs) == 80, "GdnRecurArgs: layout differs from src/ops/chunk.rs");
+
 #define GDN_RECUR(NAME, RPL)                                                                      \
-    extern "C" __global__ void __launch_bounds__(512)                                             \
-        NAME(const float* __restrict__ conv, const float* __restrict__ ba, long long ld_ba,       \
-             const float* __restrict__ dt_bias, const float* __restrict__ ssm_a,                  \
-             float* __restrict__ state, float* __restrict__ raw, int n_k, int n_v, int dk,        \
-             int dv, int W, int tokens) {                                                         \
+    extern "C" __global__ void __launch_bounds__(512) NAME(__grid_constant__ const GdnRecurArgs a) { \
         PDL_PROLOGUE();                                                                           \
-        gdn_recur_body<RPL>(conv, ba, ld_ba, dt_bias, ssm_a, state, raw, n_k, n_v, dk, dv, W,     \
-                            tokens);                                                              \
+        gdn_recur_body<RPL>(a.conv, a.ba, a.ld_ba, a.dt_bias, a.ssm_a, a.state, a.raw, a.n_k,     \
+                            a.n_v, a.dk, a.dv, a.W, a.tokens);                                    \
     }
 
 // RPL = dk / 32 rows a lane (the launcher picks W and the variant:

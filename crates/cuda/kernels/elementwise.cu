@@ -53,15 +53,43 @@ extern "C" __global__ void __launch_bounds__(256)
 // several blocks, the norm finished by the last one, measured slower on
 // the H200: docs/what-did-not-work.md.)
 #define CMB_MAXV 4
+
+// moe_combine_norm's and moe_combine_norm_v8's arguments, one struct
+// passed by value (mirrored by `MoeCombineNormArgs` in
+// src/ops/elementwise.rs, #[repr(C)]: same field order and types; `mix`
+// is read by the _v8 kernel only). NVRTC applies `__restrict__` only to
+// kernel parameters, so the read-only inputs are read through __ldg
+// explicitly (load8 already is); x is read and written and keeps plain
+// loads.
+struct MoeCombineNormArgs {
+    float* x;
+    const float* ys;
+    const float* w;
+    const float* sh;
+    const float* sh_logit;
+    const float* norm_w;
+    float* h;
+    signed char* q;
+    float* qd;
+    const float* mix;
+    int k, d;
+    float eps;
+    int pad;
+};
+static_assert(sizeof(MoeCombineNormArgs) == 96,
+              "MoeCombineNormArgs: layout differs from src/ops/elementwise.rs");
+
 extern "C" __global__ void __launch_bounds__(1024)
-    moe_combine_norm(float* __restrict__ x, const float* __restrict__ ys,
-                     const float* __restrict__ w, int k, int d, const float* __restrict__ sh,
-                     const float* __restrict__ sh_logit, const float* __restrict__ norm_w,
-                     float eps, float* __restrict__ h, signed char* __restrict__ q,
-                     float* __restrict__ qd) {
+    moe_combine_norm(__grid_constant__ const MoeCombineNormArgs a) {
     PDL_PROLOGUE();
+    float* x = a.x;
+    const float *ys = a.ys, *w = a.w, *sh = a.sh, *sh_logit = a.sh_logit, *norm_w = a.norm_w;
+    float* h = a.h;
+    signed char* q = a.q;
+    float* qd = a.qd;
+    const int k = a.k, d = a.d;
     __shared__ double scratch[32];
-    const float s_sh = sh && sh_logit ? sigmoid_f(*sh_logit) : 1.0f;
+    const float s_sh = sh && sh_logit ? sigmoid_f(__ldg(sh_logit)) : 1.0f;
     double ss = 0.0;
     float xv[CMB_MAXV];
 #pragma unroll
@@ -71,8 +99,8 @@ extern "C" __global__ void __launch_bounds__(1024)
             float acc = 0.0f;
 #pragma unroll 8
             for (int i = 0; i < k; i++)
-                acc = __fadd_rn(acc, __fmul_rn(w[i], ys[(long long)i * d + j]));
-            if (sh) acc = __fadd_rn(acc, __fmul_rn(sh[j], s_sh));
+                acc = __fadd_rn(acc, __fmul_rn(__ldg(&w[i]), __ldg(&ys[(long long)i * d + j])));
+            if (sh) acc = __fadd_rn(acc, __fmul_rn(__ldg(&sh[j]), s_sh));
             const float v = __fadd_rn(x[j], acc);
             x[j] = v;
             xv[u] = v;
@@ -81,25 +109,25 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
     for (int j = threadIdx.x + CMB_MAXV * blockDim.x; j < d; j += blockDim.x) {
         float acc = 0.0f;
-        for (int i = 0; i < k; i++) acc = __fadd_rn(acc, __fmul_rn(w[i], ys[(long long)i * d + j]));
-        if (sh) acc = __fadd_rn(acc, __fmul_rn(sh[j], s_sh));
+        for (int i = 0; i < k; i++) acc = __fadd_rn(acc, __fmul_rn(__ldg(&w[i]), __ldg(&ys[(long long)i * d + j])));
+        if (sh) acc = __fadd_rn(acc, __fmul_rn(__ldg(&sh[j]), s_sh));
         const float v = __fadd_rn(x[j], acc);
         x[j] = v;
         ss += (double)v * (double)v;
     }
     ss = block_sum_f64(ss, scratch);
-    const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    const float s = (float)(1.0 / sqrt(ss / (double)d + (double)a.eps));
 #pragma unroll
     for (int u = 0; u < CMB_MAXV; u++) {
         const int j = threadIdx.x + u * blockDim.x;
         if (j < d) {  // whole warps when q is given (d % 32 == 0)
-            const float v = __fmul_rn(__fmul_rn(xv[u], s), norm_w[j]);
+            const float v = __fmul_rn(__fmul_rn(xv[u], s), __ldg(&norm_w[j]));
             h[j] = v;
             if (q) warp_q8(v, j, q, qd);
         }
     }
     for (int j = threadIdx.x + CMB_MAXV * blockDim.x; j < d; j += blockDim.x) {
-        const float v = __fmul_rn(__fmul_rn(x[j], s), norm_w[j]);
+        const float v = __fmul_rn(__fmul_rn(x[j], s), __ldg(&norm_w[j]));
         h[j] = v;
         if (q) warp_q8(v, j, q, qd);
     }
@@ -117,12 +145,12 @@ extern "C" __global__ void __launch_bounds__(1024)
 // 8 * blockDim >= d.
 #define CMB_GROUP 6
 extern "C" __global__ void __launch_bounds__(512)
-    moe_combine_norm_v8(float* __restrict__ x, const float* __restrict__ ys,
-                        const float* __restrict__ w, int k, int d, const float* __restrict__ sh,
-                        const float* __restrict__ sh_logit, const float* __restrict__ norm_w,
-                        float eps, float* __restrict__ h, signed char* __restrict__ q,
-                        float* __restrict__ qd, const float* __restrict__ mix) {
+    moe_combine_norm_v8(__grid_constant__ const MoeCombineNormArgs a) {
     PDL_PROLOGUE();
+    float* x = a.x;
+    const float *ys = a.ys, *w = a.w, *sh = a.sh, *sh_logit = a.sh_logit, *norm_w = a.norm_w;
+    const float* mix = a.mix;
+    const int k = a.k, d = a.d;
     __shared__ double scratch[32];
     const int i = 8 * threadIdx.x;
     const bool act = i < d;
@@ -141,14 +169,14 @@ extern "C" __global__ void __launch_bounds__(512)
         load8(norm_w + i, nw);
         if (sh) {
             load8(sh + i, sv);
-            if (sh_logit) s_sh = sigmoid_f(*sh_logit);
+            if (sh_logit) s_sh = sigmoid_f(__ldg(sh_logit));
         }
         for (int i0 = 0; i0 < k; i0 += CMB_GROUP) {
             float yv[CMB_GROUP][8], wi[CMB_GROUP];
 #pragma unroll
             for (int u = 0; u < CMB_GROUP; u++) {
                 if (i0 + u < k) {
-                    wi[u] = w[i0 + u];
+                    wi[u] = __ldg(&w[i0 + u]);
                     load8(ys + (long long)(i0 + u) * d + i, yv[u]);
                 }
             }
@@ -168,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(512)
         }
         st8(x + i, v);
     }
-    norm8_store(v, nw, d, eps, i, act, scratch, h, q, qd);
+    norm8_store(v, nw, d, a.eps, i, act, scratch, a.h, a.q, a.qd);
 }
 
 // Prefill (a chunk of tokens):
@@ -189,21 +217,37 @@ extern "C" __global__ void __launch_bounds__(256)
 //   (+ sh[t*d + j] * sigmoid(sh_logit[t*sh_ld])), the routed sum in the
 //   router's ascending expert order; `pair` maps a token's i-th choice to
 //   its row of the grouped GEMM's output.
+// moe_combine_chunk's arguments (mirrored by `MoeCombineChunkArgs` in
+// src/ops/chunk.rs): the read-only inputs through __ldg, x plain.
+struct MoeCombineChunkArgs {
+    float* x;
+    const float* ys;
+    const int* pair;
+    const float* w;
+    const float* sh;
+    const float* sh_logit;
+    long long sh_ld;
+    int k, d;
+};
+static_assert(sizeof(MoeCombineChunkArgs) == 64,
+              "MoeCombineChunkArgs: layout differs from src/ops/chunk.rs");
+
 extern "C" __global__ void __launch_bounds__(256)
-    moe_combine_chunk(float* __restrict__ x, const float* __restrict__ ys,
-                      const int* __restrict__ pair, const float* __restrict__ w, int k, int d,
-                      const float* __restrict__ sh, const float* __restrict__ sh_logit,
-                      long long sh_ld) {
+    moe_combine_chunk(__grid_constant__ const MoeCombineChunkArgs a) {
     PDL_PROLOGUE();
+    float* x = a.x;
+    const float *ys = a.ys, *w = a.w, *sh = a.sh, *sh_logit = a.sh_logit;
+    const int* pair = a.pair;
+    const int k = a.k, d = a.d;
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= d) return;
     const long long t = blockIdx.y;
     float acc = 0.0f;
     for (int i = 0; i < k; i++)
-        acc = __fadd_rn(acc, __fmul_rn(w[t * k + i], ys[(long long)pair[t * k + i] * d + j]));
+        acc = __fadd_rn(acc, __fmul_rn(__ldg(&w[t * k + i]), __ldg(&ys[(long long)__ldg(&pair[t * k + i]) * d + j])));
     if (sh) {
-        const float s = sh_logit ? sigmoid_f(sh_logit[t * sh_ld]) : 1.0f;
-        acc = __fadd_rn(acc, __fmul_rn(sh[t * d + j], s));
+        const float s = sh_logit ? sigmoid_f(__ldg(&sh_logit[t * a.sh_ld])) : 1.0f;
+        acc = __fadd_rn(acc, __fmul_rn(__ldg(&sh[t * d + j]), s));
     }
     x[t * d + j] = __fadd_rn(x[t * d + j], acc);
 }

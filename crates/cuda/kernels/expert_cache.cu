@@ -28,19 +28,48 @@
 
 #define SLOT_NONE 0xffffffffu
 
+// expert_plan's arguments, one struct passed by value (mirrored by
+// `ExpertPlanArgs` in src/expert_cache.rs, #[repr(C)]: same field order and
+// types). NVRTC applies `__restrict__` only to kernel parameters, so the
+// two read-only inputs (experts, clock) are read through __ldg explicitly;
+// the tables are read and written and keep plain (stamp, used: volatile)
+// accesses.
+struct ExpertPlanArgs {
+    const u32* experts;
+    const int* clock;
+    u32* slot_of;
+    u32* expert_in;
+    volatile u32* stamp;
+    volatile u32* used;
+    u32* pref;
+    u32* slots_out;
+    u32* miss;
+    unsigned long long* counters;
+    int k, n_slots, prefetch, pad;
+};
+static_assert(sizeof(ExpertPlanArgs) == 96, "ExpertPlanArgs: layout differs from src/expert_cache.rs");
+
 extern "C" __global__ void __launch_bounds__(32)
-    expert_plan(const u32* __restrict__ experts, int k, const int* __restrict__ clock,
-                u32* slot_of, u32* expert_in, volatile u32* stamp, volatile u32* used, u32* pref,
-                int n_slots, int prefetch, u32* __restrict__ slots_out,
-                u32* __restrict__ miss, unsigned long long* __restrict__ counters) {
+    expert_plan(__grid_constant__ const ExpertPlanArgs a) {
     PDL_PROLOGUE();
     const int lane = threadIdx.x;
-    const u32 tick = (u32)clock[1];
+    const u32* experts = a.experts;
+    u32* slot_of = a.slot_of;
+    u32* expert_in = a.expert_in;
+    volatile u32* stamp = a.stamp;
+    volatile u32* used = a.used;
+    u32* pref = a.pref;
+    u32* slots_out = a.slots_out;
+    u32* miss = a.miss;
+    unsigned long long* counters = a.counters;
+    const int k = a.k, n_slots = a.n_slots, prefetch = a.prefetch;
+    const u32 tick = (u32)__ldg(&a.clock[1]);
     __shared__ u32 chosen[32];
     __shared__ u32 hit_slot[32];
     if (lane < k) {
-        chosen[lane] = experts[lane];
-        hit_slot[lane] = slot_of[experts[lane]];
+        const u32 e = __ldg(&experts[lane]);
+        chosen[lane] = e;
+        hit_slot[lane] = slot_of[e];
     }
     __syncwarp();
     if (lane == 0) {
@@ -117,14 +146,23 @@ struct FetchProj {
     u64 stride;     // bytes, a multiple of 16
 };
 
+// expert_fetch's arguments (mirrored by `ExpertFetchArgs` in
+// src/expert_cache.rs): the miss list and the three projections. The miss
+// list is read through __ldg (it was a restrict-qualified parameter); the
+// host copies keep plain loads, as before.
+struct ExpertFetchArgs {
+    const u32* miss;
+    FetchProj proj[3];
+};
+static_assert(sizeof(FetchProj) == 24 && sizeof(ExpertFetchArgs) == 80,
+              "ExpertFetchArgs: layout differs from src/expert_cache.rs");
+
 extern "C" __global__ void __launch_bounds__(256)
-    expert_fetch(const u32* __restrict__ miss, const u8* src0, u8* dst0, u64 stride0,
-                 const u8* src1, u8* dst1, u64 stride1, const u8* src2, u8* dst2,
-                 u64 stride2) {
+    expert_fetch(__grid_constant__ const ExpertFetchArgs a) {
     PDL_PROLOGUE();
-    const FetchProj p0 = {src0, dst0, stride0}, p1 = {src1, dst1, stride1},
-                    p2 = {src2, dst2, stride2};
-    const u32 n = miss[0];
+    const u32* miss = a.miss;
+    const FetchProj p0 = a.proj[0], p1 = a.proj[1], p2 = a.proj[2];
+    const u32 n = __ldg(&miss[0]);
     if (n == 0) return;
     const u64 c0 = p0.stride / 16, c1 = p1.stride / 16, c2 = p2.stride / 16;
     const u64 per = c0 + c1 + c2;
@@ -142,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(256)
             if (idx < total) {
                 const u64 m = idx / per;
                 u64 r = idx - m * per;
-                const u64 e = miss[1 + 2 * m], s = miss[2 + 2 * m];
+                const u64 e = __ldg(&miss[1 + 2 * m]), s = __ldg(&miss[2 + 2 * m]);
                 const FetchProj* p = &p0;
                 if (r >= c0) {
                     r -= c0;

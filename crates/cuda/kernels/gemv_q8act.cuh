@@ -516,14 +516,30 @@ __device__ __forceinline__ void gemv_q8_body(const u8* __restrict__ w0, const u8
     }
 }
 
+// The kernels' arguments, one struct passed by value (mirrored by
+// `GemvQ8Args` in src/gemv/mod.rs, #[repr(C)]: same field order and
+// types). NVRTC applies `__restrict__` only to kernel parameters, so every
+// read-only load of the body goes through __ldg (the formats' load_w /
+// load_x, the slot table).
+struct GemvQ8Args {
+    const u8* w0;
+    const u8* w1;
+    u64 mat_bytes;
+    const u32* slots;
+    const signed char* xq;
+    const float* xd;
+    long long x_stride;
+    float* y;
+    int n_first, rows, nb, max_lanes;
+};
+static_assert(sizeof(GemvQ8Args) == 80, "GemvQ8Args: layout differs from src/gemv/mod.rs");
+
 #define GEMV_Q8_KERNEL(NAME, T, NR, SG)                                                         \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                               \
-        NAME(const u8* __restrict__ w0, const u8* __restrict__ w1, int n_first, u64 mat_bytes,  \
-             const u32* __restrict__ slots, const signed char* __restrict__ xq,                 \
-             const float* __restrict__ xd, long long x_stride, float* __restrict__ y, int rows, \
-             int nb, int max_lanes) {                                                           \
-        gemv_q8_prefetch<T, NR>(w0, w1, n_first, mat_bytes, slots, rows, nb, max_lanes);       \
+        NAME(__grid_constant__ const GemvQ8Args a) {                                            \
+        gemv_q8_prefetch<T, NR>(a.w0, a.w1, a.n_first, a.mat_bytes, a.slots, a.rows, a.nb,      \
+                                a.max_lanes);                                                   \
         PDL_PROLOGUE();                                                                         \
-        gemv_q8_body<T, NR, SG>(w0, w1, n_first, mat_bytes, slots, xq, xd, x_stride, y, rows,  \
-                                nb, max_lanes);                                                 \
+        gemv_q8_body<T, NR, SG>(a.w0, a.w1, a.n_first, a.mat_bytes, a.slots, a.xq, a.xd,        \
+                                a.x_stride, a.y, a.rows, a.nb, a.max_lanes);                    \
     }

@@ -21,12 +21,33 @@
 // block a multiple of 32 with 8 * blockDim >= d.
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(512)
-    rms_norm_v8(float* __restrict__ x, const float* __restrict__ res,
-                const float* __restrict__ w, float* __restrict__ out,
-                signed char* __restrict__ q, float* __restrict__ qd, int d, float eps,
-                int add_one) {
+// Both kernels' arguments, one struct passed by value (mirrored by
+// `RmsNormArgs` in src/ops/norm.rs, #[repr(C)]: same field order and
+// types). NVRTC applies `__restrict__` only to kernel parameters, so res
+// and w are read through __ldg explicitly (load8 already is); x is read
+// and written and keeps plain loads.
+struct RmsNormArgs {
+    float* x;
+    const float* res;
+    const float* w;
+    float* out;
+    signed char* q;
+    float* qd;
+    int d;
+    float eps;
+    int add_one, pad;
+};
+static_assert(sizeof(RmsNormArgs) == 64, "RmsNormArgs: layout differs from src/ops/norm.rs");
+
+extern "C" __global__ void __launch_bounds__(512) rms_norm_v8(__grid_constant__ const RmsNormArgs a) {
     PDL_PROLOGUE();
+    float* x = a.x;
+    const float *res = a.res, *w = a.w;
+    float* out = a.out;
+    signed char* q = a.q;
+    float* qd = a.qd;
+    const int d = a.d, add_one = a.add_one;
+    const float eps = a.eps;
     __shared__ double scratch[32];
     const long long row = blockIdx.x;
     const int i = 8 * threadIdx.x;
@@ -54,11 +75,15 @@ extern "C" __global__ void __launch_bounds__(512)
                 q ? qd + row * (d / 32) : qd);
 }
 
-extern "C" __global__ void __launch_bounds__(1024)
-    rms_norm(float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ w,
-             float* __restrict__ out, signed char* __restrict__ q, float* __restrict__ qd, int d,
-             float eps, int add_one) {
+extern "C" __global__ void __launch_bounds__(1024) rms_norm(__grid_constant__ const RmsNormArgs a) {
     PDL_PROLOGUE();
+    float* x = a.x;
+    const float *res = a.res, *w = a.w;
+    float* out = a.out;
+    signed char* q = a.q;
+    float* qd = a.qd;
+    const int d = a.d, add_one = a.add_one;
+    const float eps = a.eps;
     __shared__ double scratch[32];
     const long long row = blockIdx.x;
     x += row * d;
@@ -68,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         float v = x[j];
         if (res) {
-            v = __fadd_rn(v, res[j]);
+            v = __fadd_rn(v, __ldg(&res[j]));
             x[j] = v;
         }
         ss += (double)v * (double)v;
@@ -80,7 +105,8 @@ extern "C" __global__ void __launch_bounds__(1024)
         qd += row * (d / 32);
     }
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        const float wj = add_one ? __fadd_rn(1.0f, w[j]) : w[j];
+        const float wl = __ldg(&w[j]);
+        const float wj = add_one ? __fadd_rn(1.0f, wl) : wl;
         const float v = __fmul_rn(__fmul_rn(x[j], s), wj);
         out[j] = v;
         if (q) warp_q8(v, j, q, qd);  // a warp: 32 consecutive, aligned j (d % 32 == 0)

@@ -153,7 +153,7 @@ __device__ __forceinline__ void router_topk_body(const float* __restrict__ logit
     for (int j = 0; j < k; j++) s += s_ord_p[j];
     if (act) {
         experts_out[lane] = me;
-        slots_out[lane] = slot_of ? slot_of[me] : me;
+        slots_out[lane] = slot_of ? __ldg(slot_of + me) : me;
         w_out[lane] = norm ? mp / s : mp;
     }
 }
@@ -223,18 +223,39 @@ __device__ __forceinline__ void router_gemv_prefetch(const float* __restrict__ w
         for (int e = 0; e < 8; e++) wn[e] = 0.f;
     }
 }
-extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
-    router_gemv_topk(const float* __restrict__ w, float* __restrict__ x, int rows, int cols,
-                     float* __restrict__ logits, u32* __restrict__ counter, int n, int k,
-                     int norm, const u32* __restrict__ slot_of, u32* __restrict__ slots_out,
-                     u32* __restrict__ experts_out, float* __restrict__ w_out,
-                     const float* __restrict__ resid, const float* __restrict__ mix,
-                     const float* __restrict__ norm_w, float eps, signed char* __restrict__ hq,
-                     float* __restrict__ hqd) {
+// Kernel arguments, one struct passed by value (mirrored by
+// `RouterGemvArgs` in src/ops/router.rs, #[repr(C)]: same field order and
+// types). NVRTC applies `__restrict__` only to kernel parameters, so the
+// read-only inputs are read through __ldg explicitly (load8 and the
+// weight loads above already are; slot_of in router_topk_body too).
+struct RouterGemvArgs {
+    const float* w;
+    float* x;
+    float* logits;
+    u32* counter;
+    const u32* slot_of;
+    u32* slots_out;
+    u32* experts_out;
+    float* w_out;
+    const float* resid;
+    const float* mix;
+    const float* norm_w;
+    signed char* hq;
+    float* hqd;
+    int rows, cols, n, k, norm;
+    float eps;
+};
+static_assert(sizeof(RouterGemvArgs) == 128, "RouterGemvArgs: layout differs from src/ops/router.rs");
+
+extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N) router_gemv_topk(__grid_constant__ const RouterGemvArgs a) {
     float4 wv[RG_V];
     float wn[8];
-    router_gemv_prefetch(w, rows, cols, norm_w, wv, wn);
+    router_gemv_prefetch(a.w, a.rows, a.cols, a.norm_w, wv, wn);
     PDL_PROLOGUE();
+    const float* w = a.w;
+    float* x = a.x;
+    const int rows = a.rows, cols = a.cols;
+    const float* norm_w = a.norm_w;
     __shared__ float s_part[ROUTER_MAX_N / 32];
     __shared__ int s_last;
     __shared__ __align__(16) float s_x[RG_MAX_D];
@@ -253,19 +274,19 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
         for (int e = 0; e < 8; e++) v[e] = 0.f;
         if (act8) {
             float m8[8];
-            load8(resid + i8, v);
-            load8(mix + i8, m8);
+            load8(a.resid + i8, v);
+            load8(a.mix + i8, m8);
 #pragma unroll
             for (int e = 0; e < 8; e++) v[e] = __fadd_rn(v[e], m8[e]);
         }
         // norm8_store's arithmetic (the same bits as rms_norm_v8), into
         // shared memory (and x, hq: block 0)
         float o[8];
-        norm8(v, wn, cols, eps, s_scratch, o);
+        norm8(v, wn, cols, a.eps, s_scratch, o);
         if (act8) st8(s_x + i8, o);
         if (blockIdx.x == 0) {
             if (act8) st8(x + i8, o);
-            if (hq) quad_q8(o, i8, act8, hq, hqd);
+            if (a.hq) quad_q8(o, i8, act8, a.hq, a.hqd);
         }
         __syncthreads();
         xr = reinterpret_cast<const float4*>(s_x);
@@ -285,11 +306,11 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
         acc = fmaf(wv[v].w, xv[v].w, acc);
     }
     for (int i = u + RG_V * RG_TPR; i < n4; i += RG_TPR) {
-        const float4 a = __ldg(wr + i), b = xr[i];
-        acc = fmaf(a.x, b.x, acc);
-        acc = fmaf(a.y, b.y, acc);
-        acc = fmaf(a.z, b.z, acc);
-        acc = fmaf(a.w, b.w, acc);
+        const float4 wi = __ldg(wr + i), b = xr[i];
+        acc = fmaf(wi.x, b.x, acc);
+        acc = fmaf(wi.y, b.y, acc);
+        acc = fmaf(wi.z, b.z, acc);
+        acc = fmaf(wi.w, b.w, acc);
     }
     acc = warp_sum(acc);
     if (lane == 0) s_part[t >> 5] = acc;
@@ -299,16 +320,16 @@ extern "C" __global__ void __launch_bounds__(ROUTER_MAX_N)
         float s = 0.f;
 #pragma unroll
         for (int q = 0; q < RG_TPR / 32; q++) s += s_part[w0 + q];
-        logits[row] = s;
+        a.logits[row] = s;
         __threadfence();  // the logit before this block's count
     }
     __syncthreads();
-    if (t == 0) s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    if (t == 0) s_last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!s_last) return;
-    if (t == 0) *counter = 0u;
+    if (t == 0) *a.counter = 0u;
     __threadfence();  // the other blocks' logits after their counts
-    router_topk_body(logits, n, k, norm, slot_of, slots_out, experts_out, w_out);
+    router_topk_body(a.logits, a.n, a.k, a.norm, a.slot_of, a.slots_out, a.experts_out, a.w_out);
 }
 
 // router_topk over a chunk of tokens (prefill): block t takes the logits

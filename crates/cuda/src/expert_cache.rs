@@ -33,11 +33,58 @@ use crate::device::dptr;
 use crate::device::Gpu;
 use crate::error::{ensure, Result};
 use crate::gemv::ExpertStack;
-use cudarc::driver::{CudaSlice, LaunchConfig, PinnedHostSlice};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice};
 use rayon::prelude::*;
 
 /// `slot_of` / `expert_in` value of an empty entry.
 pub const SLOT_NONE: u32 = u32::MAX;
+
+/// The argument struct of `expert_plan` (`ExpertPlanArgs` in
+/// `kernels/expert_cache.cu`: same field order and types, device addresses
+/// as u64; the `.cu` asserts the size).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExpertPlanArgs {
+    pub experts: u64,
+    pub clock: u64,
+    pub slot_of: u64,
+    pub expert_in: u64,
+    pub stamp: u64,
+    pub used: u64,
+    pub pref: u64,
+    pub slots_out: u64,
+    pub miss: u64,
+    pub counters: u64,
+    pub k: i32,
+    pub n_slots: i32,
+    pub prefetch: i32,
+    pub pad: i32,
+}
+
+/// One projection of an `expert_fetch` (`FetchProj` in the `.cu`): the
+/// host copy (expert e at `src + e * stride`), the slot stack (slot s at
+/// `dst + s * stride`), the stride in bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FetchProj {
+    pub src: u64,
+    pub dst: u64,
+    pub stride: u64,
+}
+
+/// The argument struct of `expert_fetch` (`ExpertFetchArgs` in the `.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExpertFetchArgs {
+    pub miss: u64,
+    pub proj: [FetchProj; 3],
+}
+
+// SAFETY: plain `#[repr(C)]` structs of integers, passed to the kernels by
+// value as the structs they mirror (offsets checked in the tests, sizes by
+// static_asserts in the `.cu`).
+unsafe impl DeviceRepr for ExpertPlanArgs {}
+unsafe impl DeviceRepr for ExpertFetchArgs {}
 
 /// Counters of one layer (or summed): routed hits and misses, prefetches
 /// issued and prefetched experts a routed plan then used.
@@ -260,39 +307,34 @@ impl LayerCache {
         );
         ensure!(counters.0.len() >= counters.1 + 4, "expert_plan: counters");
         let miss = if prefetch { &self.miss_pre } else { &self.miss };
-        let p: [u64; 10] = [
-            dptr(gpu, Some(experts)),
-            dptr(gpu, Some(clock)),
-            dptr(gpu, Some(&self.slot_of)),
-            dptr(gpu, Some(&self.expert_in)),
-            dptr(gpu, Some(&self.stamp)),
-            dptr(gpu, Some(&self.used)),
-            dptr(gpu, Some(&self.pref)),
-            dptr(gpu, Some(slots_out)),
-            dptr(gpu, Some(miss)),
-            dptr(gpu, Some(counters.0)) + 8 * counters.1 as u64,
-        ];
-        let (k_i, n_slots, pre) = (k as i32, self.n_slots as i32, prefetch as i32);
+        let args = ExpertPlanArgs {
+            experts: dptr(gpu, Some(experts)),
+            clock: dptr(gpu, Some(clock)),
+            slot_of: dptr(gpu, Some(&self.slot_of)),
+            expert_in: dptr(gpu, Some(&self.expert_in)),
+            stamp: dptr(gpu, Some(&self.stamp)),
+            used: dptr(gpu, Some(&self.used)),
+            pref: dptr(gpu, Some(&self.pref)),
+            slots_out: dptr(gpu, Some(slots_out)),
+            miss: dptr(gpu, Some(miss)),
+            counters: dptr(gpu, Some(counters.0)) + 8 * counters.1 as u64,
+            k: k as i32,
+            n_slots: self.n_slots as i32,
+            prefetch: prefetch as i32,
+            pad: 0,
+        };
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: expert_plan(experts[k], k, clock[2], slot_of[n_expert],
-        // expert_in[S], stamp[S], used[S], pref[S], S, prefetch,
-        // slots_out[k], miss[1 + 2k], counters[4]): every buffer holds what
-        // the kernel touches (checked above; the tables were sized in
-        // `new`); expert ids come from the router (< n_expert).
-        unsafe {
-            gpu.launch(
-                "expert_plan",
-                cfg,
-                &[
-                    &p[0], &k_i, &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &n_slots, &pre, &p[7],
-                    &p[8], &p[9],
-                ],
-            )
-        }
+        // SAFETY: expert_plan(ExpertPlanArgs) by value (the struct mirrors
+        // the kernel's): experts[k], clock[2], slot_of[n_expert],
+        // expert_in[S], stamp[S], used[S], pref[S], slots_out[k],
+        // miss[1 + 2k], counters[4]; every buffer holds what the kernel
+        // touches (checked above; the tables were sized in `new`); expert
+        // ids come from the router (< n_expert).
+        unsafe { gpu.launch("expert_plan", cfg, &[&args]) }
     }
 
     /// Copy the experts of the last plan's miss list (routed or prefetch)
@@ -318,34 +360,30 @@ impl LayerCache {
             gpu,
             Some(if prefetch { &self.miss_pre } else { &self.miss }),
         );
-        let a: Vec<(u64, u64, u64)> = self
-            .src
-            .iter()
-            .zip(stacks)
-            .map(|(h, s)| (h.0, dptr(gpu, Some(&s.buf)), h.1 as u64))
-            .collect();
+        let mut args = ExpertFetchArgs {
+            miss,
+            ..Default::default()
+        };
+        for ((h, s), p) in self.src.iter().zip(stacks).zip(&mut args.proj) {
+            *p = FetchProj {
+                src: h.0,
+                dst: dptr(gpu, Some(&s.buf)),
+                stride: h.1 as u64,
+            };
+        }
         let cfg = LaunchConfig {
             grid_dim: (blocks.max(1), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: expert_fetch(miss, (src, dst, stride) x 3) reads miss[0]
-        // entries of (e, slot < n_slots) written by expert_plan (e <
-        // n_expert) or by point_misses_at_staging (e a staging entry < its
-        // count), and copies `stride` bytes from src + e * stride (the
-        // mapped host copy of n_expert experts, or the staging entries) to
-        // dst + s * stride (a stack of n_slots slots of the same stride):
-        // checked above.
-        unsafe {
-            gpu.launch(
-                "expert_fetch",
-                cfg,
-                &[
-                    &miss, &a[0].0, &a[0].1, &a[0].2, &a[1].0, &a[1].1, &a[1].2, &a[2].0, &a[2].1,
-                    &a[2].2,
-                ],
-            )
-        }
+        // SAFETY: expert_fetch(ExpertFetchArgs) by value (the struct
+        // mirrors the kernel's) reads miss[0] entries of (e, slot <
+        // n_slots) written by expert_plan (e < n_expert) or by
+        // point_misses_at_staging (e a staging entry < its count), and
+        // copies `stride` bytes from src + e * stride (the mapped host copy
+        // of n_expert experts, or the staging entries) to dst + s * stride
+        // (a stack of n_slots slots of the same stride): checked above.
+        unsafe { gpu.launch("expert_fetch", cfg, &[&args]) }
     }
 
     /// Every expert's pinned host copy of projection `p`, when pinned.
@@ -413,4 +451,26 @@ pub fn read_counters(gpu: &Gpu, c: &CudaSlice<u64>) -> Result<Vec<CacheCounters>
             prefetch_used: c[3],
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    /// The structs the kernels read by value, at the sizes the `.cu`
+    /// asserts and the offsets C gives the same declarations: 10 pointers
+    /// and 4 i32 = 96 bytes; a pointer and three (u64, u64, u64) = 80.
+    #[test]
+    fn expert_cache_args_layout_matches_the_kernel_structs() {
+        assert_eq!(size_of::<ExpertPlanArgs>(), 96);
+        assert_eq!(align_of::<ExpertPlanArgs>(), 8);
+        assert_eq!(offset_of!(ExpertPlanArgs, counters), 72);
+        assert_eq!(offset_of!(ExpertPlanArgs, k), 80);
+        assert_eq!(offset_of!(ExpertPlanArgs, prefetch), 88);
+        assert_eq!(size_of::<FetchProj>(), 24);
+        assert_eq!(offset_of!(FetchProj, stride), 16);
+        assert_eq!(size_of::<ExpertFetchArgs>(), 80);
+        assert_eq!(offset_of!(ExpertFetchArgs, proj), 8);
+    }
 }

@@ -40,6 +40,8 @@
 //! stages; callers get `Gpu`, `CudaDecoder`, `DeviceMatrix`, `ExpertStack`
 //! and plain slices.
 
+#[cfg(test)]
+mod arg_layouts;
 pub mod bench;
 pub mod decoder;
 pub mod device;

@@ -155,7 +155,9 @@ fn plan(
     let (kv_per_pos, recurrent) = model.state_bytes();
     let sessions = mem.sessions.max(1) as u64;
     let input = DevicePlanInput {
-        dense_bytes: dense - embd,
+        // The decoder uploads the trunk only (decode_stages walks no NextN
+        // block), so the MTP block's bytes stay on the host.
+        dense_bytes: dense.saturating_sub(embd + model.mtp_bytes()),
         expert_bytes: experts,
         moe_layers: moe_layers.len() as u64,
         experts_per_layer: moe_layers.first().map_or(0, |l| l.n_expert as u64),

@@ -25,6 +25,7 @@ pub mod stages;
 pub mod trace;
 pub mod weights;
 
+pub use arch::qwen3next_mtp::{MtpHead, MtpOutput, MtpState};
 pub use check::check_model_bytes;
 pub use error::ModelError;
 pub use image::{KvData, KvElem, LayerImage, LayerShape, StateImage, StateLayout};

@@ -1,6 +1,7 @@
 //! The loaded model: the file, the architecture, the thread pool and the
 //! path switch.
 
+use crate::arch::qwen3next_mtp::MtpHead;
 use crate::arch::Arch;
 use crate::exec::Exec;
 use crate::session::Session;
@@ -194,6 +195,38 @@ impl Model {
 
     pub fn arch(&self) -> &Arch {
         &self.arch
+    }
+
+    /// The first NextN (MTP) head, when the file has one (a Qwen3-Next
+    /// converted without `--no-mtp`); see [`MtpHead::forward`].
+    pub fn mtp(&self) -> Option<&MtpHead> {
+        self.mtp_heads().first()
+    }
+
+    /// Bytes of the NextN (MTP) blocks' tensors (`blk.{b}.*` of each
+    /// head; 0 without). [`Model::weight_split`] counts them as dense bytes
+    /// (on the CPU the head reads them from the mapped file when it runs);
+    /// a backend that runs only the trunk subtracts them.
+    pub fn mtp_bytes(&self) -> u64 {
+        let prefixes: Vec<String> = self
+            .mtp_heads()
+            .iter()
+            .map(|h| format!("blk.{}.", h.block))
+            .collect();
+        self.file
+            .tensors()
+            .iter()
+            .filter(|t| prefixes.iter().any(|p| t.name.starts_with(p.as_str())))
+            .map(|t| t.n_bytes)
+            .sum()
+    }
+
+    /// Every NextN (MTP) head of the file, in block order.
+    pub fn mtp_heads(&self) -> &[MtpHead] {
+        match &self.arch {
+            Arch::Qwen3Next(q) => &q.mtp,
+            Arch::Qwen2(_) => &[],
+        }
     }
 
     /// Bytes one session holds: (f32 K and V per position over all

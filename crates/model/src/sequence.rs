@@ -126,6 +126,18 @@ pub trait Sequence {
         Err(self.unsupported("rolling back draft tokens"))
     }
 
+    /// Keep every token's final-normed hidden row of each forward from now
+    /// on (what a multi-token-prediction head reads).
+    fn keep_hidden(&mut self, on: bool) -> Result<(), ModelError> {
+        let _ = on;
+        Err(self.unsupported("keeping hidden rows (MTP drafts)"))
+    }
+
+    /// The last forward's (or verify pass's) hidden rows, `n × n_embd`.
+    fn last_hidden(&self) -> Result<&[f32], ModelError> {
+        Err(self.unsupported("keeping hidden rows (MTP drafts)"))
+    }
+
     /// Positions used so far.
     fn pos(&self) -> usize;
 
@@ -249,6 +261,15 @@ impl Sequence for CpuSequence {
 
     fn verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
         self.session.verify(&self.model, tokens)
+    }
+
+    fn keep_hidden(&mut self, on: bool) -> Result<(), ModelError> {
+        self.session.set_keep_hidden(on);
+        Ok(())
+    }
+
+    fn last_hidden(&self) -> Result<&[f32], ModelError> {
+        Ok(self.session.last_hidden())
     }
 
     fn accept(&mut self, keep: usize) -> Result<(), ModelError> {

@@ -33,6 +33,9 @@ pub struct Session {
     /// The trace recorder (off unless [`Session::enable_trace`]).
     pub trace: Trace,
     routes: Vec<Vec<Route>>,
+    /// Keep the last forward's hidden rows (see [`Session::set_keep_hidden`]).
+    keep_hidden: bool,
+    hidden: Vec<f32>,
     /// The verify pass [`Session::keep`] applies to.
     pending: Option<Pending>,
 }
@@ -52,6 +55,8 @@ impl Session {
             ctx_len,
             trace: Trace::default(),
             routes: Vec::new(),
+            keep_hidden: false,
+            hidden: Vec::new(),
             pending: None,
         }
     }
@@ -99,6 +104,23 @@ impl Session {
     /// layers), per token of that forward, (expert, weight) pairs.
     pub fn last_routes(&self) -> &[Vec<Route>] {
         &self.routes
+    }
+
+    /// Keep every token's hidden state of each forward from now on (`on`),
+    /// or stop and free them: what an MTP draft head reads (see
+    /// [`crate::MtpHead::forward`]).
+    pub fn set_keep_hidden(&mut self, on: bool) {
+        self.keep_hidden = on;
+        if !on {
+            self.hidden = Vec::new();
+        }
+    }
+
+    /// The last forward's hidden rows, `n_tokens × n_embd`, after the final
+    /// norm (what the LM head multiplies; llama.cpp's `h_nextn`); empty
+    /// unless [`Session::set_keep_hidden`] is on.
+    pub fn last_hidden(&self) -> &[f32] {
+        &self.hidden
     }
 
     /// Run draft tokens as one verify pass: every position's logits
@@ -227,6 +249,7 @@ impl Session {
         let mut logits = Vec::new();
         let mut routes: Vec<Vec<Route>> = vec![Vec::new(); arch.n_layer()];
         let chunks: Vec<&[u32]> = tokens.chunks(model.ubatch()).collect();
+        self.hidden.clear();
         for (ci, chunk) in chunks.iter().enumerate() {
             let n = chunk.len();
             let x = embed(model.file(), arch.tok_embd(), chunk)?;
@@ -237,6 +260,9 @@ impl Session {
                 acc.extend(lr);
             }
             self.pos += n;
+            if self.keep_hidden {
+                self.hidden.extend_from_slice(&h);
+            }
             let last_chunk = ci + 1 == chunks.len();
             match want {
                 Logits::All => {

@@ -89,6 +89,21 @@ fn absurd_layer_counts_are_refused_before_any_allocation() {
 }
 
 #[test]
+fn absurd_nextn_counts_are_refused() {
+    // Tiny::small has 2 blocks: NextN counts that leave no trunk, or exceed
+    // block_count, or do not fit in memory sizes.
+    for n in [2u64, 3, 1 << 40, u64::MAX] {
+        q3n_case("nextn_predict_layers", n);
+    }
+    // One NextN block of two: block 1 is then an MTP block and must have
+    // its nextn.* tensors (the tiny model has none).
+    let msg = q3n_with(|w| w.add_kv("qwen3next.nextn_predict_layers", 1u32))
+        .expect_err("loaded without the MTP tensors")
+        .to_string();
+    assert!(msg.contains("blk.1."), "{msg}");
+}
+
+#[test]
 fn head_sizes_that_would_wrap_are_refused() {
     let huge = (1u64 << 63) / 2 + 1;
     q3n_case("attention.key_length", huge);

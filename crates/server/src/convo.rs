@@ -1,12 +1,17 @@
-//! What the Responses and Messages endpoints share: their conversations
-//! become the chat template's messages, their tools the chat route's
-//! tools, and their sampling fields the chat route's checks.
+//! What the chat-shaped endpoints share: the Responses and Messages
+//! conversations become the chat template's messages, their tools the chat
+//! route's tools (a forced call held by the same grammar), and their
+//! sampling fields the chat route's checks.
 
-use crate::api::{FunctionDef, SamplingFields, Stop, Tool};
+use crate::api::{FunctionDef, SamplingFields, Stop, Tool, ToolChoice};
 use crate::error::{parse_json, ApiError};
-use crate::request::{self, GenParams, Limits};
-use redlite_tokenizer::{ChatMessage, FunctionCall, ToolCall};
+use crate::parse::ChatParser;
+use crate::request::{self, GenParams, Limits, ToolPlan};
+use crate::AppState;
+use redlite_grammar::Grammar;
+use redlite_tokenizer::{ChatMessage, FunctionCall, ToolCall, ToolCallFormat};
 use serde_json::Value;
+use std::sync::Arc;
 
 /// Parse `v` (found at `at` in the body) as `T`; a 400 names the field
 /// by its whole path, e.g. `input[2].call_id`.
@@ -83,6 +88,83 @@ pub fn push_call(msgs: &mut Vec<ChatMessage>, call: ToolCall) {
     }
 }
 
+/// The fields a function tool has in both the Responses API (`parameters`,
+/// `strict`) and Anthropic's (`input_schema`).
+#[derive(serde::Deserialize)]
+struct FunctionFields {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    strict: Option<bool>,
+}
+
+/// A tool definition found at `at` (`{name, description, SCHEMA}`, SCHEMA
+/// the field named `schema_field`; `required`: it must be there) as a
+/// function tool in the chat route's shape. A missing name, or a schema
+/// that is not a JSON Schema object of type `object`, is a 400 naming the
+/// field by its path in the request.
+pub fn function_def(
+    t: &Value,
+    at: &str,
+    schema_field: &str,
+    required: bool,
+) -> Result<Tool, ApiError> {
+    let d: FunctionFields = parse_at(t, at)?;
+    if d.name.is_empty() {
+        return Err(ApiError::invalid(
+            format!("{at}.name"),
+            "a tool needs a name",
+        ));
+    }
+    let field = format!("{at}.{schema_field}");
+    let schema = match t.get(schema_field) {
+        None | Some(Value::Null) if required => {
+            return Err(ApiError::invalid(
+                &field,
+                format!("`{field}` is required: the tool's JSON Schema"),
+            ))
+        }
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => {
+            if let Some(k) = o.get("type").filter(|k| k.as_str() != Some("object")) {
+                return Err(ApiError::invalid(
+                    &field,
+                    format!("`{field}` must be a JSON Schema of type `object`, got type {k}"),
+                ));
+            }
+            Some(Value::Object(o.clone()))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                &field,
+                format!("`{field}` must be a JSON Schema object"),
+            ))
+        }
+    };
+    Ok(function_tool(d.name, d.description, schema, d.strict))
+}
+
+/// A `tool_choice` naming one function.
+pub fn named_choice(name: String) -> ToolChoice {
+    ToolChoice::Named(crate::api::NamedToolChoice {
+        kind: Some("function".into()),
+        function: crate::api::NamedFunction { name },
+    })
+}
+
+/// A tool's result as the template's `tool` turn, named after the call it
+/// answers (found in the conversation so far).
+pub fn tool_result(msgs: &[ChatMessage], call_id: String, text: String) -> ChatMessage {
+    ChatMessage {
+        role: "tool".into(),
+        content: Some(text),
+        name: tool_name(msgs, &call_id),
+        tool_call_id: Some(call_id),
+        ..ChatMessage::default()
+    }
+}
+
 /// A function tool in the chat route's shape.
 pub fn function_tool(
     name: String,
@@ -99,6 +181,77 @@ pub fn function_tool(
             strict,
         },
     }
+}
+
+/// Whether the model's chat template writes calls in Qwen3-Coder's XML
+/// syntax (else the JSON-in-`<tool_call>` of Qwen2.5 / Qwen3).
+pub fn xml_calls(s: &AppState) -> bool {
+    s.template
+        .as_ref()
+        .is_some_and(|t| t.tool_call_format() == ToolCallFormat::Xml)
+}
+
+/// How tools are used for one request, as every chat-shaped endpoint
+/// needs it: the plan (template tools, forced prefix, offered names) in
+/// the template's call syntax, and the grammar that holds a forced call
+/// (`tool_choice` required or named) to an offered tool with arguments
+/// valid against its schema.
+pub struct ToolSetup {
+    pub plan: ToolPlan,
+    pub grammar: Option<Arc<Grammar>>,
+}
+
+/// [`ToolSetup`] for `tools` and `choice` in the chat route's shapes.
+/// `params`: what the endpoint calls a tool's parameter schema
+/// (`parameters`, `input_schema`); an error's field path is rewritten from
+/// the chat route's `tools[i].function.…` to the endpoint's `tools[i].…`.
+pub fn tool_setup(
+    s: &AppState,
+    tools: &[Tool],
+    choice: &Option<ToolChoice>,
+    params: &str,
+) -> Result<ToolSetup, ApiError> {
+    let rename = |e: ApiError| match e {
+        ApiError::BadRequest {
+            message,
+            param,
+            code,
+        } => ApiError::BadRequest {
+            message,
+            param: param.map(|p| {
+                p.replace(".function.parameters", &format!(".{params}"))
+                    .replace(".function.", ".")
+            }),
+            code,
+        },
+        other => other,
+    };
+    let tools_opt = Some(tools.to_vec());
+    let mut plan = request::tool_plan(&tools_opt, choice).map_err(rename)?;
+    if xml_calls(s) {
+        plan = plan.in_xml_format();
+    }
+    let grammar = plan.forced_grammar(tools).map_err(rename)?;
+    Ok(ToolSetup { plan, grammar })
+}
+
+/// The parser of an answer: tool calls of the offered tools only, in the
+/// template's syntax (XML calls typed by each tool's schema), reasoning
+/// blocks when the vocabulary has them (`think`; `in_think`: the prompt
+/// opened one).
+pub fn chat_parser(plan: &ToolPlan, tools: &[Tool], think: bool, in_think: bool) -> ChatParser {
+    let parser = ChatParser::new(plan.parse, think, in_think).with_tool_names(plan.names.clone());
+    if !plan.xml {
+        return parser;
+    }
+    let schemas = tools
+        .iter()
+        .map(|t| {
+            let params = t.function.parameters.clone().unwrap_or_default();
+            (t.function.name.clone(), params)
+        })
+        .collect();
+    parser.with_xml_calls(schemas)
 }
 
 /// The sampling fields both endpoints have, checked as the chat route
@@ -155,6 +308,76 @@ mod tests {
         assert!(b.message.contains("`input[2].call_id`"), "{}", b.message);
         let e = parse_at::<Call>(&serde_json::json!({"call_id": "c"}), "input[0]").unwrap_err();
         assert_eq!(e.body().error.param.as_deref(), Some("input[0].arguments"));
+    }
+
+    #[test]
+    fn function_definitions_of_both_apis() {
+        use serde_json::json;
+        let param = |r: Result<Tool, ApiError>| r.unwrap_err().body().error.param.unwrap();
+        let t = function_def(
+            &json!({"name": "f", "description": "d", "input_schema": {"type": "object"}}),
+            "tools[0]",
+            "input_schema",
+            true,
+        )
+        .unwrap();
+        assert_eq!(t.function.name, "f");
+        assert_eq!(t.function.parameters, Some(json!({"type": "object"})));
+        let t = function_def(
+            &json!({"type": "function", "name": "g", "strict": true}),
+            "tools[1]",
+            "parameters",
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            (t.function.parameters, t.function.strict),
+            (None, Some(true))
+        );
+        // Errors name the field where the request has it.
+        for (v, schema, required, want) in [
+            (
+                json!({"name": "f"}),
+                "input_schema",
+                true,
+                "tools[2].tools[1].input_schema",
+            ),
+            (
+                json!({"name": "f", "parameters": "x"}),
+                "parameters",
+                false,
+                "tools[2].tools[1].parameters",
+            ),
+            (
+                json!({"name": "f", "parameters": {"type": "array"}}),
+                "parameters",
+                false,
+                "tools[2].tools[1].parameters",
+            ),
+            (
+                json!({"name": ""}),
+                "parameters",
+                false,
+                "tools[2].tools[1].name",
+            ),
+            (
+                json!({"name": 3}),
+                "parameters",
+                false,
+                "tools[2].tools[1].name",
+            ),
+        ] {
+            assert_eq!(
+                param(function_def(&v, "tools[2].tools[1]", schema, required)),
+                want,
+                "{v}"
+            );
+        }
+        let r = tool_result(&[], "c9".into(), "out".into());
+        assert_eq!(
+            (r.role.as_str(), r.name, r.tool_call_id.as_deref()),
+            ("tool", None, Some("c9"))
+        );
     }
 
     #[test]

@@ -399,10 +399,8 @@ impl Engine {
                 if done.completion_tokens > 0 {
                     m.ttft.observe(done.ttft_secs);
                 }
-                let steps = done.completion_tokens.saturating_sub(1);
-                if steps > 0 {
-                    m.token_latency
-                        .observe_n(done.decode_secs / steps as f64, steps as u64);
+                if done.prompt_tokens > done.cached_tokens {
+                    m.prompt_latency.observe(done.prompt_secs);
                 }
                 // Not processing once the answer is complete: a client that
                 // sends its next request at once must not find the slot
@@ -486,6 +484,11 @@ impl Engine {
         let send = |text: String| text.is_empty() || job.events.send(Event::Text(text)).is_ok();
         let mut cancelled = false;
         let mut logprobs = Vec::new();
+        // When the last token was ready: the time from one token to the
+        // next (sampling, the grammar's mask, the model's step) goes to
+        // the token-latency histogram, one observation per token after the
+        // first.
+        let mut last_token: Option<Instant> = None;
         let spec_opts = job.spec.over(&self.cfg.spec);
         // Speculation needs every kept token's choice made from its own
         // logits by the plain rule: grammars and log-probabilities take
@@ -507,6 +510,7 @@ impl Engine {
                 // loop's last one), never run one past the context.
                 let room = self.seq.ctx_len().saturating_sub(self.seq.pos()) + 1;
                 let budget = (job.max_tokens - generated).min(room);
+                let step_start = Instant::now();
                 let step = spec.step(
                     &mut *self.seq,
                     &mut sampler,
@@ -515,6 +519,18 @@ impl Engine {
                     budget,
                     &is_stop,
                 )?;
+                // A step's tokens arrive together: each is counted at an
+                // even share of the time since the token before them.
+                let n = step.tokens.len();
+                if n > 0 {
+                    let now = Instant::now();
+                    let gap = (now - last_token.unwrap_or(step_start)).as_secs_f64();
+                    let counted = if last_token.is_some() { n } else { n - 1 };
+                    self.metrics
+                        .token_latency
+                        .observe_n(gap / n as f64, counted as u64);
+                    last_token = Some(now);
+                }
                 for &next in &step.tokens {
                     generated += 1;
                     let piece = decoder.push(next);
@@ -593,6 +609,13 @@ impl Engine {
                 let piece = decoder.push(next);
                 let (text, stopped) = stop.push(&piece);
                 ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                let now = Instant::now();
+                if let Some(prev) = last_token {
+                    self.metrics
+                        .token_latency
+                        .observe((now - prev).as_secs_f64());
+                }
+                last_token = Some(now);
                 if !send(text) {
                     cancelled = true;
                     break;

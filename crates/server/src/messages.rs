@@ -7,10 +7,11 @@
 //! ([`crate::messages_out`]). Errors have Anthropic's shape:
 //! `{"type": "error", "error": {"type": "invalid_request_error", "message": …}}`.
 
-use crate::api::{NamedFunction, NamedToolChoice, ToolChoice};
+use crate::api::ToolChoice;
 use crate::convo;
 use crate::error::ApiError;
-use crate::messages_out::{MessageBuilder, MessagesChunker};
+use crate::events::{collect_whole, EventChunker};
+use crate::messages_out::MessageBuilder;
 use crate::routes::{json_body, sse_response, submit, Shared};
 use crate::stream::{self, SseStream};
 use axum::body::Body;
@@ -154,14 +155,6 @@ struct ThinkingBlock {
     thinking: String,
 }
 
-#[derive(Debug, Deserialize)]
-struct ToolDef {
-    name: String,
-    #[serde(default)]
-    description: Option<String>,
-    input_schema: Value,
-}
-
 fn block_type<'a>(b: &'a Value, at: &str) -> Result<&'a str, ApiError> {
     match b.get("type") {
         Some(Value::String(s)) => Ok(s),
@@ -238,13 +231,7 @@ pub fn conversation(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError>
                             if r.is_error == Some(true) {
                                 text = format!("Error: {text}");
                             }
-                            out.push(ChatMessage {
-                                role: "tool".into(),
-                                content: Some(text),
-                                name: convo::tool_name(&out, &r.tool_use_id),
-                                tool_call_id: Some(r.tool_use_id),
-                                ..ChatMessage::default()
-                            });
+                            out.push(convo::tool_result(&out, r.tool_use_id, text));
                         }
                         other => return Err(unsupported(&bat, other)),
                     }
@@ -328,22 +315,7 @@ fn tools(req: &[Value]) -> Result<Vec<crate::api::Tool>, ApiError> {
                     ))
                 }
             }
-            let d: ToolDef = convo::parse_at(t, &at)?;
-            if d.name.is_empty() {
-                return Err(ApiError::invalid(format!("{at}.name"), "a tool needs a name"));
-            }
-            if !d.input_schema.is_object() {
-                return Err(ApiError::invalid(
-                    format!("{at}.input_schema"),
-                    "`input_schema` must be a JSON Schema object",
-                ));
-            }
-            Ok(convo::function_tool(
-                d.name,
-                d.description,
-                Some(d.input_schema),
-                None,
-            ))
+            convo::function_def(t, &at, "input_schema", true)
         })
         .collect()
 }
@@ -355,10 +327,7 @@ fn tool_choice(c: &Option<AnthropicToolChoice>) -> Result<Option<ToolChoice>, Ap
         ("auto", _) => mode("auto"),
         ("any", _) => mode("required"),
         ("none", _) => mode("none"),
-        ("tool", Some(name)) => Ok(Some(ToolChoice::Named(NamedToolChoice {
-            kind: Some("function".into()),
-            function: NamedFunction { name: name.clone() },
-        }))),
+        ("tool", Some(name)) => Ok(Some(convo::named_choice(name.clone()))),
         ("tool", None) => Err(ApiError::invalid(
             "tool_choice.name",
             "tool_choice `tool` needs `name`",
@@ -370,27 +339,19 @@ fn tool_choice(c: &Option<AnthropicToolChoice>) -> Result<Option<ToolChoice>, Ap
     }
 }
 
-/// What both routes make of a request: the prompt and the tool plan.
+/// What both routes make of a request: the prompt, the tools in the chat
+/// route's shape, and how they are used.
 struct Prepared {
     prompt: crate::prompt::ChatPrompt,
-    plan: crate::request::ToolPlan,
+    tools: Vec<crate::api::Tool>,
+    setup: convo::ToolSetup,
 }
 
 async fn prepare(s: &Shared, v: &Value, req: &MessagesRequest) -> Result<Prepared, ApiError> {
     let tools = tools(req.tools.as_deref().unwrap_or(&[]))?;
     let choice = tool_choice(&req.tool_choice)?;
-    let plan = crate::request::tool_plan(&Some(tools), &choice).map_err(|e| match e {
-        ApiError::BadRequest {
-            message,
-            param,
-            code,
-        } => ApiError::BadRequest {
-            message,
-            param: param.map(|p| p.replace(".function.", ".")),
-            code,
-        },
-        other => other,
-    })?;
+    let setup = convo::tool_setup(s, &tools, &choice, "input_schema")?;
+    let plan = &setup.plan;
     let enable_thinking = match req.thinking.as_ref().map(|t| t.kind.as_str()) {
         None => None,
         Some("enabled") | Some("adaptive") => Some(true),
@@ -416,13 +377,17 @@ async fn prepare(s: &Shared, v: &Value, req: &MessagesRequest) -> Result<Prepare
         messages,
         plan.tools.clone(),
         plan.forced_prefix.clone(),
-        false,
+        setup.grammar.is_some(),
         enable_thinking,
         parse_special,
         None,
     )
     .await?;
-    Ok(Prepared { prompt, plan })
+    Ok(Prepared {
+        prompt,
+        tools,
+        setup,
+    })
 }
 
 /// `POST /v1/messages`.
@@ -433,7 +398,7 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Ant
         return Err(ApiError::invalid("max_tokens", "Field required").into());
     };
     let stream = req.stream.unwrap_or(false);
-    let g = convo::gen_params(
+    let mut g = convo::gen_params(
         "max_tokens",
         Some(max_tokens),
         req.temperature,
@@ -443,12 +408,17 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Ant
         stream,
         &s.limits,
     )?;
-    let Prepared { prompt: p, plan } = prepare(&s, &v, &req).await?;
+    let Prepared {
+        prompt: p,
+        tools,
+        setup,
+    } = prepare(&s, &v, &req).await?;
     crate::request::check_prompt_len(p.ids.len(), &s.limits, "messages")?;
     let budget = g.budget(p.ids.len(), &s.limits, s.limits.max_tokens_limit);
     let prompt_len = p.ids.len();
+    let parser = convo::chat_parser(&setup.plan, &tools, p.think, p.in_think);
+    g.grammar = setup.grammar;
     let mut rx = submit(&s, p.ids, budget, &g, None)?;
-    let parser = crate::parse::ChatParser::new(plan.parse, p.think, p.in_think);
     let mut b = MessageBuilder::new(
         stream::new_id("msg_"),
         s.model_id.clone(),
@@ -457,14 +427,10 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Ant
         prompt_len,
     );
     if stream {
-        let chunker = MessagesChunker::new(b);
+        let chunker = EventChunker(b);
         return Ok(sse_response(SseStream::new(rx, Box::new(chunker))));
     }
-    let (text, done) = stream::collect(&mut rx).await?;
-    b.start();
-    b.text(&text);
-    b.done(&done);
-    Ok(Json(b.message()).into_response())
+    Ok(Json(collect_whole(&mut b, &mut rx).await?).into_response())
 }
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": N}`, the prompt the

@@ -17,8 +17,9 @@
 
 use crate::engine::{Done, Finish};
 use crate::error::ApiError;
+use crate::events::EventBuilder;
 use crate::parse::{ChatParser, Parsed};
-use crate::stream::{self, Chunker};
+use crate::stream;
 use serde_json::{json, Value};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -80,56 +81,6 @@ impl MessageBuilder {
             "stop_sequence": self.stop_sequence,
             "usage": self.usage,
         })
-    }
-
-    /// `message_start` and `ping`, then whatever the forced prefix says.
-    pub fn start(&mut self) -> Vec<Value> {
-        let mut start = self.message();
-        start["content"] = json!([]);
-        let mut out = vec![
-            json!({"type": "message_start", "message": start}),
-            json!({"type": "ping"}),
-        ];
-        let prefix = std::mem::take(&mut self.prefix);
-        let parsed = self.parser.push(&prefix);
-        out.extend(self.parsed(parsed));
-        out
-    }
-
-    pub fn text(&mut self, t: &str) -> Vec<Value> {
-        let parsed = self.parser.push(t);
-        self.parsed(parsed)
-    }
-
-    /// The last block closed, `message_delta` and `message_stop`.
-    pub fn done(&mut self, d: &Done) -> Vec<Value> {
-        let parsed = self.parser.finish();
-        let mut out = self.parsed(parsed);
-        out.extend(self.close());
-        let reason = match (d.finish, &d.stop_sequence) {
-            (Finish::Length, _) => "max_tokens",
-            _ if self.tool_uses > 0 => "tool_use",
-            (Finish::Stop, Some(_)) => "stop_sequence",
-            (Finish::Stop, None) => "end_turn",
-        };
-        self.stop_reason = reason.into();
-        if reason == "stop_sequence" {
-            self.stop_sequence = d.stop_sequence.clone().into();
-        }
-        // Anthropic counts cache reads apart from `input_tokens`.
-        self.usage = json!({
-            "input_tokens": d.prompt_tokens - d.cached_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": d.cached_tokens,
-            "output_tokens": d.completion_tokens,
-        });
-        out.push(json!({
-            "type": "message_delta",
-            "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
-            "usage": self.usage,
-        }));
-        out.push(json!({"type": "message_stop"}));
-        out
     }
 
     fn parsed(&mut self, parsed: Vec<Parsed>) -> Vec<Value> {
@@ -220,44 +171,68 @@ impl MessageBuilder {
     }
 }
 
-fn sse(ev: &Value) -> String {
-    let kind = ev["type"].as_str().unwrap_or("message");
-    format!("event: {kind}\ndata: {ev}\n\n")
-}
+impl EventBuilder for MessageBuilder {
+    /// `message_start` and `ping`, then whatever the forced prefix says.
+    fn start(&mut self) -> Vec<Value> {
+        let mut start = self.message();
+        start["content"] = json!([]);
+        let mut out = vec![
+            json!({"type": "message_start", "message": start}),
+            json!({"type": "ping"}),
+        ];
+        let prefix = std::mem::take(&mut self.prefix);
+        let parsed = self.parser.push(&prefix);
+        out.extend(self.parsed(parsed));
+        out
+    }
 
-/// The SSE form: `event: TYPE` and `data: {…}`, ending with `message_stop`.
-pub struct MessagesChunker {
-    b: MessageBuilder,
-}
+    fn text(&mut self, t: &str) -> Vec<Value> {
+        let parsed = self.parser.push(t);
+        self.parsed(parsed)
+    }
 
-impl MessagesChunker {
-    pub fn new(b: MessageBuilder) -> MessagesChunker {
-        MessagesChunker { b }
+    /// The last block closed, `message_delta` and `message_stop`.
+    fn done(&mut self, d: &Done) -> Vec<Value> {
+        let parsed = self.parser.finish();
+        let mut out = self.parsed(parsed);
+        out.extend(self.close());
+        let reason = match (d.finish, &d.stop_sequence) {
+            (Finish::Length, _) => "max_tokens",
+            _ if self.tool_uses > 0 => "tool_use",
+            (Finish::Stop, Some(_)) => "stop_sequence",
+            (Finish::Stop, None) => "end_turn",
+        };
+        self.stop_reason = reason.into();
+        if reason == "stop_sequence" {
+            self.stop_sequence = d.stop_sequence.clone().into();
+        }
+        // Anthropic counts cache reads apart from `input_tokens`.
+        self.usage = json!({
+            "input_tokens": d.prompt_tokens - d.cached_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": d.cached_tokens,
+            "output_tokens": d.completion_tokens,
+        });
+        out.push(json!({
+            "type": "message_delta",
+            "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
+            "usage": self.usage,
+        }));
+        out.push(json!({"type": "message_stop"}));
+        out
     }
-}
 
-impl Chunker for MessagesChunker {
-    fn start(&mut self) -> Vec<String> {
-        self.b.start().iter().map(sse).collect()
+    fn fail(&mut self, e: &ApiError) -> Vec<Value> {
+        vec![crate::messages::error_body(e)]
     }
-    fn text(&mut self, t: &str) -> Vec<String> {
-        self.b.text(t).iter().map(sse).collect()
-    }
-    fn done(&mut self, d: &Done) -> Vec<String> {
-        self.b.done(d).iter().map(sse).collect()
-    }
-    fn end(&mut self) -> Option<String> {
-        None
-    }
-    fn error(&mut self, e: ApiError) -> Vec<String> {
-        vec![sse(&crate::messages::error_body(&e))]
-    }
+
     /// Anthropic's own keep-alive event.
-    fn heartbeat(&mut self) -> Option<String> {
-        Some(sse(&json!({"type": "ping"})))
+    fn heartbeat(&mut self) -> Value {
+        json!({"type": "ping"})
     }
-    fn beats(&self) -> bool {
-        true
+
+    fn whole(&self) -> Value {
+        self.message()
     }
 }
 
@@ -395,14 +370,14 @@ mod tests {
         assert_eq!(m["content"][0]["type"], "text");
         assert!(m["content"][0]["text"].as_str().unwrap().contains("[1, 2]"));
         assert_eq!(m["stop_reason"], "end_turn");
-        let mut c = MessagesChunker::new(MessageBuilder::new(
+        let mut c = crate::events::EventChunker(MessageBuilder::new(
             "msg".into(),
             "m".into(),
             ChatParser::new(false, false, false),
             String::new(),
             1,
         ));
-        let e = c.error(ApiError::Internal("boom".into()));
+        let e = crate::stream::Chunker::error(&mut c, ApiError::Internal("boom".into()));
         assert!(e[0].starts_with("event: error\ndata: {"), "{}", e[0]);
     }
 }

@@ -32,8 +32,11 @@ pub struct Metrics {
     pub spec_accepted: AtomicU64,
     /// Seconds from the engine taking a request to its first token.
     pub ttft: Histogram<12>,
-    /// Seconds per generated token after the first.
+    /// Seconds from one generated token to the next (one per token after
+    /// the first).
     pub token_latency: Histogram<12>,
+    /// Seconds computing a request's prompt (the part not cached).
+    pub prompt_latency: Histogram<12>,
 }
 
 /// A Prometheus histogram with fixed upper bounds (seconds).
@@ -54,6 +57,12 @@ const TTFT_BOUNDS: [f64; 12] = [
 /// Per-token decode latency: 1 ms (a small model on a GPU) to 2 s.
 const TOKEN_BOUNDS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 2.0,
+];
+
+/// Prompt processing: 10 ms (a few new tokens) to two minutes (a long
+/// prompt on a CPU).
+const PROMPT_BOUNDS: [f64; 12] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0, 120.0,
 ];
 
 impl Default for Metrics {
@@ -77,6 +86,7 @@ impl Default for Metrics {
             spec_accepted: Default::default(),
             ttft: Histogram::new(TTFT_BOUNDS),
             token_latency: Histogram::new(TOKEN_BOUNDS),
+            prompt_latency: Histogram::new(PROMPT_BOUNDS),
         }
     }
 }
@@ -341,7 +351,12 @@ impl Metrics {
         self.token_latency.render(
             &mut out,
             "redlite_token_latency_seconds",
-            "Seconds per generated token after the first (each request's tokens at its mean step time).",
+            "Seconds from one generated token of a request to the next (one observation per token after the first; the tokens of a speculative step share its time evenly).",
+        );
+        self.prompt_latency.render(
+            &mut out,
+            "redlite_prompt_processing_seconds",
+            "Seconds computing a request's prompt, the part the prompt cache did not hold (requests with an all-cached prompt are not observed).",
         );
         out
     }
@@ -384,6 +399,7 @@ mod tests {
         m.ttft.observe(0.2);
         m.ttft.observe(100.0); // above every bound: only +Inf
         m.token_latency.observe_n(0.004, 3);
+        m.prompt_latency.observe(3.0);
         let t = m.render();
         assert!(t.contains("# TYPE redlite_time_to_first_token_seconds histogram\n"));
         for line in [
@@ -396,6 +412,10 @@ mod tests {
             "redlite_token_latency_seconds_bucket{le=\"0.0025\"} 0\n",
             "redlite_token_latency_seconds_bucket{le=\"0.005\"} 3\n",
             "redlite_token_latency_seconds_count 3\n",
+            "# TYPE redlite_prompt_processing_seconds histogram\n",
+            "redlite_prompt_processing_seconds_bucket{le=\"2.5\"} 0\n",
+            "redlite_prompt_processing_seconds_bucket{le=\"5\"} 1\n",
+            "redlite_prompt_processing_seconds_sum 3\n",
         ] {
             assert!(t.contains(line), "{line} missing in\n{t}");
         }

@@ -414,12 +414,24 @@ impl ToolPlan {
                 "`grammar` cannot be combined with a `tool_choice` that forces a call",
             ));
         }
-        let tools = tools.as_deref().unwrap_or(&[]);
-        if self.xml {
-            return crate::constrain::xml_tool_call_grammar(tools, self.forced_name.as_deref())
-                .map(Some);
+        self.forced_grammar(tools.as_deref().unwrap_or(&[]))
+    }
+
+    /// The grammar of a forced call alone (`None` when `tool_choice`
+    /// forces none): a call of an offered tool, in the template's syntax,
+    /// with arguments valid against that tool's parameters.
+    pub fn forced_grammar(
+        &self,
+        tools: &[Tool],
+    ) -> Result<Option<std::sync::Arc<redlite_grammar::Grammar>>, ApiError> {
+        if self.forced_prefix.is_empty() {
+            return Ok(None);
         }
-        crate::constrain::tool_call_grammar(tools, self.forced_name.as_deref()).map(Some)
+        let named = self.forced_name.as_deref();
+        if self.xml {
+            return crate::constrain::xml_tool_call_grammar(tools, named).map(Some);
+        }
+        crate::constrain::tool_call_grammar(tools, named).map(Some)
     }
 }
 

@@ -14,10 +14,11 @@
 //! checkpoint taken at the end of the previous answer. As in OpenAI's API,
 //! `instructions` are not carried over to a follow-up.
 
-use crate::api::{NamedFunction, NamedToolChoice, ToolChoice};
+use crate::api::ToolChoice;
 use crate::convo;
 use crate::error::ApiError;
-use crate::responses_out::{Echo, ResponseBuilder, ResponsesChunker};
+use crate::events::{collect_whole, EventChunker};
+use crate::responses_out::{Echo, ResponseBuilder};
 pub use crate::responses_store::{Previous, Store, MAX_STORED, MAX_STORED_BYTES};
 use crate::routes::{json_body, sse_response, submit, Shared};
 use crate::stream::{self, SseStream};
@@ -121,19 +122,6 @@ struct FunctionCallOutputItem {
 }
 
 #[derive(Debug, Deserialize)]
-struct FunctionToolDef {
-    #[serde(rename = "type")]
-    kind: String,
-    name: String,
-    #[serde(default)]
-    description: Option<String>,
-    #[serde(default)]
-    parameters: Option<Value>,
-    #[serde(default)]
-    strict: Option<bool>,
-}
-
-#[derive(Debug, Deserialize)]
 struct NamedChoice {
     #[serde(rename = "type")]
     kind: String,
@@ -227,13 +215,7 @@ pub fn input_messages(input: &Input, out: &mut Vec<ChatMessage>) -> Result<(), A
             "function_call_output" => {
                 let o: FunctionCallOutputItem = convo::parse_at(item, &at)?;
                 let text = parts_text(&o.output, &format!("{at}.output"))?;
-                out.push(ChatMessage {
-                    role: "tool".into(),
-                    content: Some(text),
-                    name: convo::tool_name(out, &o.call_id),
-                    tool_call_id: Some(o.call_id),
-                    ..ChatMessage::default()
-                });
+                out.push(convo::tool_result(out, o.call_id, text));
             }
             // Reasoning the client hands back: the chat templates drop
             // earlier turns' reasoning, so there is nothing to render.
@@ -277,20 +259,7 @@ pub struct Tools {
 }
 
 fn function(t: &Value, at: &str) -> Result<crate::api::Tool, ApiError> {
-    let d: FunctionToolDef = convo::parse_at(t, at)?;
-    debug_assert_eq!(d.kind, "function");
-    if d.name.is_empty() {
-        return Err(ApiError::invalid(
-            format!("{at}.name"),
-            "a tool needs a name",
-        ));
-    }
-    Ok(convo::function_tool(
-        d.name,
-        d.description,
-        d.parameters,
-        d.strict,
-    ))
+    convo::function_def(t, at, "parameters", false)
 }
 
 fn tool_type<'a>(t: &'a Value, at: &str) -> Result<&'a str, ApiError> {
@@ -357,10 +326,7 @@ fn tool_choice(v: &Option<Value>) -> Result<Option<ToolChoice>, ApiError> {
         Some(o) => {
             let c: NamedChoice = convo::parse_at(o, "tool_choice")?;
             match (c.kind.as_str(), c.name) {
-                ("function", Some(name)) => Ok(Some(ToolChoice::Named(NamedToolChoice {
-                    kind: Some("function".into()),
-                    function: NamedFunction { name },
-                }))),
+                ("function", Some(name)) => Ok(Some(convo::named_choice(name))),
                 ("function", None) => Err(ApiError::invalid(
                     "tool_choice.name",
                     "a function tool_choice needs `name`",
@@ -392,7 +358,7 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
         }
     }
     let stream = req.stream.unwrap_or(false);
-    let g = convo::gen_params(
+    let mut g = convo::gen_params(
         "max_output_tokens",
         req.max_output_tokens,
         req.temperature,
@@ -404,22 +370,8 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
     )?;
     let tools = tools(req.tools.as_deref().unwrap_or(&[]))?;
     let choice = tool_choice(&req.tool_choice)?;
-    let plan =
-        crate::request::tool_plan(&Some(tools.functions.clone()), &choice).map_err(
-            |e| match e {
-                ApiError::BadRequest {
-                    message,
-                    param,
-                    code,
-                } => ApiError::BadRequest {
-                    message,
-                    // The chat route's `tools[i].function.name` is `tools[i].name` here.
-                    param: param.map(|p| p.replace(".function.", ".")),
-                    code,
-                },
-                other => other,
-            },
-        )?;
+    let setup = convo::tool_setup(&s, &tools.functions, &choice, "parameters")?;
+    let plan = &setup.plan;
     let Some(template) = s.template.clone() else {
         return Err(ApiError::invalid(
             "input",
@@ -466,7 +418,7 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
         messages,
         plan.tools.clone(),
         plan.forced_prefix.clone(),
-        false,
+        setup.grammar.is_some(),
         None,
         parse_special,
         resume,
@@ -478,6 +430,8 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
     let prompt_ids = if store { p.ids.clone() } else { Vec::new() };
     // With `store`, the answer's token ids are kept to resume from (the
     // engine reports them with log-probabilities; none are asked for).
+    let parser = convo::chat_parser(plan, &tools.functions, p.think, p.in_think);
+    g.grammar = setup.grammar.clone();
     let mut rx = submit(&s, p.ids, budget, &g, store.then_some(0))?;
     let echo = Echo {
         id: stream::new_id("resp_"),
@@ -495,25 +449,16 @@ pub async fn create(State(s): State<Shared>, body: Body) -> Result<Response, Api
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         metadata: req.metadata.clone().unwrap_or_default(),
     };
-    let parser = crate::parse::ChatParser::new(plan.parse, p.think, p.in_think);
-    let builder = ResponseBuilder::new(echo, parser, p.prefix);
     let keep = Keep {
         store: s.responses.clone(),
         conversation,
         prompt_ids,
     };
+    let mut b = ResponseBuilder::new(echo, parser, p.prefix).with_keep(keep);
     if stream {
-        let chunker = ResponsesChunker::new(builder, keep);
-        return Ok(sse_response(SseStream::new(rx, Box::new(chunker))));
+        return Ok(sse_response(SseStream::new(rx, Box::new(EventChunker(b)))));
     }
-    let (text, done) = stream::collect(&mut rx).await?;
-    let mut b = builder;
-    b.start();
-    b.text(&text);
-    b.done(&done);
-    let out = b.response();
-    keep.keep(&b, &out, &done);
-    Ok(Json(out).into_response())
+    Ok(Json(collect_whole(&mut b, &mut rx).await?).into_response())
 }
 
 /// Where a finished response goes for follow-ups.
@@ -559,6 +504,7 @@ pub async fn get(State(s): State<Shared>, Path(id): Path<String>) -> Result<Resp
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{NamedFunction, NamedToolChoice};
     use serde_json::json;
 
     fn msgs(input: Value) -> Result<Vec<ChatMessage>, ApiError> {

@@ -22,9 +22,10 @@
 
 use crate::engine::{Done, Finish};
 use crate::error::ApiError;
+use crate::events::EventBuilder;
 use crate::parse::{ChatParser, Parsed};
 use crate::responses::Keep;
-use crate::stream::{self, Chunker};
+use crate::stream;
 use serde_json::{json, Value};
 
 /// The request's settings a response object repeats.
@@ -126,6 +127,8 @@ pub struct ResponseBuilder {
     error: Value,
     /// The answer as generated, forced prefix included.
     raw: String,
+    /// Where the finished response is stored.
+    keep: Option<Keep>,
 }
 
 impl ResponseBuilder {
@@ -142,7 +145,14 @@ impl ResponseBuilder {
             incomplete: false,
             error: Value::Null,
             raw: String::new(),
+            keep: None,
         }
+    }
+
+    /// Store the finished response ([`Keep`]).
+    pub fn with_keep(mut self, keep: Keep) -> ResponseBuilder {
+        self.keep = Some(keep);
+        self
     }
 
     fn event(&mut self, kind: &str, mut body: Value) -> Value {
@@ -184,72 +194,6 @@ impl ResponseBuilder {
             "user": null,
             "metadata": e.metadata,
         })
-    }
-
-    /// `response.created` and `response.in_progress`, then whatever the
-    /// forced prefix already says.
-    pub fn start(&mut self) -> Vec<Value> {
-        let r = self.response();
-        let mut out = vec![
-            self.event("response.created", json!({"response": r})),
-            self.event("response.in_progress", json!({"response": r})),
-        ];
-        let prefix = std::mem::take(&mut self.prefix);
-        self.raw.push_str(&prefix);
-        let parsed = self.parser.push(&prefix);
-        out.extend(self.parsed(parsed));
-        out
-    }
-
-    /// A `response.in_progress` event (a stream's heartbeat).
-    pub fn in_progress(&mut self) -> Value {
-        let r = self.response();
-        self.event("response.in_progress", json!({"response": r}))
-    }
-
-    pub fn text(&mut self, t: &str) -> Vec<Value> {
-        self.raw.push_str(t);
-        let parsed = self.parser.push(t);
-        self.parsed(parsed)
-    }
-
-    /// The last items closed and `response.completed` (or
-    /// `response.incomplete`).
-    pub fn done(&mut self, d: &Done) -> Vec<Value> {
-        let parsed = self.parser.finish();
-        let mut out = self.parsed(parsed);
-        self.incomplete = d.finish == Finish::Length;
-        out.extend(self.close(if self.incomplete {
-            "incomplete"
-        } else {
-            "completed"
-        }));
-        self.usage = json!({
-            "input_tokens": d.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": d.cached_tokens, "cache_write_tokens": 0},
-            "output_tokens": d.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": d.prompt_tokens + d.completion_tokens,
-        });
-        let (status, kind) = if self.incomplete {
-            ("incomplete", "response.incomplete")
-        } else {
-            ("completed", "response.completed")
-        };
-        self.status = status;
-        let r = self.response();
-        out.push(self.event(kind, json!({"response": r})));
-        out
-    }
-
-    /// `response.failed`, for an engine error mid-answer.
-    pub fn fail(&mut self, e: &ApiError) -> Vec<Value> {
-        let mut out = self.close("incomplete");
-        self.status = "failed";
-        self.error = json!({"code": "server_error", "message": e.to_string()});
-        let r = self.response();
-        out.push(self.event("response.failed", json!({"response": r})));
-        out
     }
 
     fn parsed(&mut self, parsed: Vec<Parsed>) -> Vec<Value> {
@@ -404,52 +348,82 @@ impl ResponseBuilder {
     }
 }
 
-fn sse(ev: &Value) -> String {
-    let kind = ev["type"].as_str().unwrap_or("message");
-    format!("event: {kind}\ndata: {ev}\n\n")
-}
-
-/// The SSE form: `event: TYPE` and `data: {…}` per event, no `[DONE]`.
-pub struct ResponsesChunker {
-    b: ResponseBuilder,
-    keep: Option<Keep>,
-}
-
-impl ResponsesChunker {
-    pub fn new(b: ResponseBuilder, keep: Keep) -> ResponsesChunker {
-        ResponsesChunker {
-            b,
-            keep: Some(keep),
-        }
-    }
-}
-
-impl Chunker for ResponsesChunker {
-    fn start(&mut self) -> Vec<String> {
-        self.b.start().iter().map(sse).collect()
-    }
-    fn text(&mut self, t: &str) -> Vec<String> {
-        self.b.text(t).iter().map(sse).collect()
-    }
-    fn done(&mut self, d: &Done) -> Vec<String> {
-        let out: Vec<String> = self.b.done(d).iter().map(sse).collect();
-        if let Some(k) = self.keep.take() {
-            k.keep(&self.b, &self.b.response(), d);
-        }
+impl EventBuilder for ResponseBuilder {
+    /// `response.created` and `response.in_progress`, then whatever the
+    /// forced prefix already says.
+    fn start(&mut self) -> Vec<Value> {
+        let r = self.response();
+        let mut out = vec![
+            self.event("response.created", json!({"response": r})),
+            self.event("response.in_progress", json!({"response": r})),
+        ];
+        let prefix = std::mem::take(&mut self.prefix);
+        self.raw.push_str(&prefix);
+        let parsed = self.parser.push(&prefix);
+        out.extend(self.parsed(parsed));
         out
     }
-    fn end(&mut self) -> Option<String> {
-        None
-    }
-    fn error(&mut self, e: ApiError) -> Vec<String> {
-        self.b.fail(&e).iter().map(sse).collect()
-    }
+
     /// `response.in_progress` again, with the response as it stands.
-    fn heartbeat(&mut self) -> Option<String> {
-        Some(sse(&self.b.in_progress()))
+    fn heartbeat(&mut self) -> Value {
+        let r = self.response();
+        self.event("response.in_progress", json!({"response": r}))
     }
-    fn beats(&self) -> bool {
-        true
+
+    fn text(&mut self, t: &str) -> Vec<Value> {
+        self.raw.push_str(t);
+        let parsed = self.parser.push(t);
+        self.parsed(parsed)
+    }
+
+    /// The last items closed and `response.completed` (or
+    /// `response.incomplete`).
+    fn done(&mut self, d: &Done) -> Vec<Value> {
+        let parsed = self.parser.finish();
+        let mut out = self.parsed(parsed);
+        self.incomplete = d.finish == Finish::Length;
+        out.extend(self.close(if self.incomplete {
+            "incomplete"
+        } else {
+            "completed"
+        }));
+        self.usage = json!({
+            "input_tokens": d.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": d.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": d.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": d.prompt_tokens + d.completion_tokens,
+        });
+        let (status, kind) = if self.incomplete {
+            ("incomplete", "response.incomplete")
+        } else {
+            ("completed", "response.completed")
+        };
+        self.status = status;
+        let r = self.response();
+        out.push(self.event(kind, json!({"response": r})));
+        out
+    }
+
+    /// `response.failed`, for an engine error mid-answer.
+    fn fail(&mut self, e: &ApiError) -> Vec<Value> {
+        let mut out = self.close("incomplete");
+        self.status = "failed";
+        self.error = json!({"code": "server_error", "message": e.to_string()});
+        let r = self.response();
+        out.push(self.event("response.failed", json!({"response": r})));
+        out
+    }
+
+    fn whole(&self) -> Value {
+        self.response()
+    }
+
+    /// Stored for follow-ups, with the conversation it answers.
+    fn finished(&mut self, d: &Done) {
+        if let Some(k) = self.keep.take() {
+            k.keep(self, &self.response(), d);
+        }
     }
 }
 
@@ -615,6 +589,9 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("boom"));
-        assert_eq!(sse(last).lines().next().unwrap(), "event: response.failed");
+        assert_eq!(
+            crate::events::sse(last).lines().next().unwrap(),
+            "event: response.failed"
+        );
     }
 }

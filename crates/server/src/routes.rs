@@ -6,7 +6,6 @@ use crate::api::{
 use crate::engine::{EngineHandle, Event, Job};
 use crate::error::{parse_json, ApiError};
 use crate::metrics::Metrics;
-use crate::parse::ChatParser;
 use crate::request::{self, GenParams, Limits};
 use crate::stream::{self, ChatChunker, CompletionChunker, Meta, SseStream};
 use axum::body::Body;
@@ -47,6 +46,7 @@ pub type Shared = Arc<AppState>;
 /// The routes (OpenAI's under `/v1`, llama-server's aliases without it).
 pub fn router(state: Shared) -> Router {
     Router::new()
+        .route("/", get(crate::page::index))
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -85,6 +85,7 @@ pub fn router(state: Shared) -> Router {
 }
 
 const ENDPOINTS: &[&str] = &[
+    "/",
     "/v1/chat/completions",
     "/chat/completions",
     "/v1/completions",
@@ -117,12 +118,16 @@ async fn count(State(s): State<Shared>, req: Request, next: Next) -> Response {
     resp
 }
 
-/// With `--api-key`, every route but `/health` needs `Authorization: Bearer
-/// KEY` (or `x-api-key: KEY`, as Anthropic's clients send it).
+/// With `--api-key`, every route but `/health` and the chat page (which
+/// asks for the key) needs `Authorization: Bearer KEY` (or `x-api-key:
+/// KEY`, as Anthropic's clients send it).
 async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
         let path = req.uri().path();
-        if path != "/health" && path != "/v1/health" {
+        let public = path == "/health"
+            || path == "/v1/health"
+            || (path == "/" && req.method() == Method::GET);
+        if !public {
             let h = req.headers();
             let bearer = h
                 .get(header::AUTHORIZATION)
@@ -297,12 +302,8 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         &mut g.sampler,
     )?;
     let messages = request::chat_messages(&req.messages)?;
-    let xml = s
-        .template
-        .as_ref()
-        .is_some_and(|t| t.tool_call_format() == redlite_tokenizer::ToolCallFormat::Xml);
     let mut plan = request::tool_plan(&req.tools, &req.tool_choice)?;
-    if xml {
+    if crate::convo::xml_calls(&s) {
         plan = plan.in_xml_format();
     }
     g.grammar = plan.grammar(&req.tools, &v)?;
@@ -349,20 +350,12 @@ async fn chat(State(s): State<Shared>, body: Body) -> Result<Response, ApiError>
         created: stream::now_secs(),
         model: s.model_id.clone(),
     };
-    let mut parser =
-        ChatParser::new(plan.parse, p.think, p.in_think).with_tool_names(plan.names.clone());
-    if xml {
-        let schemas = req
-            .tools
-            .iter()
-            .flatten()
-            .map(|t| {
-                let params = t.function.parameters.clone().unwrap_or_default();
-                (t.function.name.clone(), params)
-            })
-            .collect();
-        parser = parser.with_xml_calls(schemas);
-    }
+    let parser = crate::convo::chat_parser(
+        &plan,
+        req.tools.as_deref().unwrap_or(&[]),
+        p.think,
+        p.in_think,
+    );
     if g.stream {
         let chunker = ChatChunker::new(meta.clone(), parser, p.prefix, g.include_usage);
         let chunker = crate::extra::stream_chunker(

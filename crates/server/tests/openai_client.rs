@@ -31,7 +31,10 @@ fn demo_model() -> Option<PathBuf> {
 fn python() -> Option<String> {
     let py = std::env::var("REDLITE_PYTHON").ok()?;
     let ok = Command::new(&py)
-        .args(["-c", "import openai, anthropic, pytest, jsonschema"])
+        .args([
+            "-c",
+            "import openai, anthropic, pytest, jsonschema, prometheus_client",
+        ])
         .status()
         .is_ok_and(|s| s.success());
     ok.then_some(py)
@@ -96,7 +99,7 @@ fn metric(server: &RunningServer, name: &str) -> f64 {
 fn openai_python_client() {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(py) = python() else {
-        skip("REDLITE_PYTHON is unset or lacks `openai`/`anthropic`/`pytest`/`jsonschema` (scripts/test.sh installs them)");
+        skip("REDLITE_PYTHON is unset or lacks `openai`/`anthropic`/`pytest`/`jsonschema`/`prometheus_client` (scripts/test.sh installs them)");
         return;
     };
     let Some(server) = start(Some(KEY)) else {
@@ -111,9 +114,15 @@ fn openai_python_client() {
         .env("REDLITE_API_KEY", KEY)
         .env("REDLITE_SERVER_PID", std::process::id().to_string())
         .env("PYTHONDONTWRITEBYTECODE", "1")
+        // The chat page's browser test writes its screenshot here.
+        .env("REDLITE_ARTIFACTS", env!("CARGO_TARGET_TMPDIR"))
         .status()
         .expect("run pytest");
     eprintln!("python tests took {:.1} s", t0.elapsed().as_secs_f64());
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chat-page.png");
+    if shot.is_file() {
+        eprintln!("chat page screenshot: {}", shot.display());
+    }
     assert!(status.success(), "the openai client tests failed: {status}");
 }
 

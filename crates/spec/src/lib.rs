@@ -16,6 +16,7 @@
 //! sampler's own.
 
 pub mod lookup;
+pub mod mtp;
 mod options;
 
 pub use lookup::PromptLookup;
@@ -30,11 +31,48 @@ pub trait Drafter {
     /// Up to `max` tokens likely to follow `history` (the whole sequence,
     /// ending with the token about to be run).
     fn draft(&mut self, history: &[u32], max: usize) -> Vec<u32>;
+
+    /// Whether the drafter reads the trunk's hidden rows (the sequence must
+    /// keep them, [`Sequence::keep_hidden`], from before the prompt).
+    fn needs_hidden(&self) -> bool {
+        false
+    }
+
+    /// The sequence has just prefilled `prompt` from position 0.
+    fn prime(&mut self, seq: &mut dyn Sequence, prompt: &[u32]) -> Result<(), ModelError> {
+        let _ = (seq, prompt);
+        Ok(())
+    }
+
+    /// The sequence ran `ran` and kept its first `kept` tokens.
+    fn observe(
+        &mut self,
+        seq: &mut dyn Sequence,
+        ran: &[u32],
+        kept: usize,
+    ) -> Result<(), ModelError> {
+        let _ = (seq, ran, kept);
+        Ok(())
+    }
 }
 
 impl<D: Drafter + ?Sized> Drafter for Box<D> {
     fn draft(&mut self, history: &[u32], max: usize) -> Vec<u32> {
         (**self).draft(history, max)
+    }
+    fn needs_hidden(&self) -> bool {
+        (**self).needs_hidden()
+    }
+    fn prime(&mut self, seq: &mut dyn Sequence, prompt: &[u32]) -> Result<(), ModelError> {
+        (**self).prime(seq, prompt)
+    }
+    fn observe(
+        &mut self,
+        seq: &mut dyn Sequence,
+        ran: &[u32],
+        kept: usize,
+    ) -> Result<(), ModelError> {
+        (**self).observe(seq, ran, kept)
     }
 }
 
@@ -55,7 +93,7 @@ pub fn drafter(opts: &SpecOptions) -> Result<Box<dyn Drafter + Send>, SpecError>
         SpecMode::None => Ok(Box::new(NoDrafts)),
         SpecMode::Lookup => Ok(Box::new(PromptLookup::new(opts.ngram_min, opts.ngram_max))),
         SpecMode::Mtp => Err(SpecError::NoMtp(
-            "drafting with the MTP layer is not available in this build's server".into(),
+            "the server does not draft with the MTP layer yet (its prompt cache skips the hidden rows the head needs); use lookup".into(),
         )),
     }
 }
@@ -69,21 +107,25 @@ impl Drafter for NoDrafts {
     }
 }
 
-/// The speculator `opts` ask for (None for `--spec none`).
+/// The speculator `opts` ask for (None for `--spec none`), for sequences
+/// of `ctx` positions of `model`.
 pub fn from_options(
     opts: &SpecOptions,
-    model: &redlite_model::Model,
+    model: &std::sync::Arc<redlite_model::Model>,
+    ctx: usize,
 ) -> Result<Option<DynSpeculator>, SpecError> {
-    let _ = model;
     let drafter: Box<dyn Drafter + Send> = match opts.mode {
         SpecMode::None => return Ok(None),
         SpecMode::Lookup => Box::new(PromptLookup::new(opts.ngram_min, opts.ngram_max)),
-        SpecMode::Mtp => {
-            return Err(SpecError::NoMtp(format!(
-                "this {} model has no multi-token-prediction layer (GGUF key `<arch>.nextn_predict_layers`; llama.cpp's converter writes it unless given --no-mtp)",
-                model.arch().name()
-            )))
-        }
+        SpecMode::Mtp => match mtp::MtpDrafter::new(model.clone(), ctx) {
+            Some(d) => Box::new(d),
+            None => {
+                return Err(SpecError::NoMtp(format!(
+                    "this {} model has no multi-token-prediction layer (GGUF key `<arch>.nextn_predict_layers`; llama.cpp's converter writes it unless given --no-mtp)",
+                    model.arch().name()
+                )))
+            }
+        },
     };
     Ok(Some(Speculator::new(drafter, *opts)))
 }
@@ -219,6 +261,7 @@ impl<D: Drafter> Speculator<D> {
         if draft.is_empty() || draft.len() < self.opts.draft_min {
             self.stats.plain += 1;
             *logits = seq.prefill(&[next], Logits::Last)?;
+            self.drafter.observe(seq, &[next], 1)?;
             return Ok(Step {
                 tokens: vec![next],
                 all_run: true,
@@ -264,6 +307,7 @@ impl<D: Drafter> Speculator<D> {
             kept += 1;
         }
         seq.accept(1 + kept)?;
+        self.drafter.observe(seq, &pass, 1 + kept)?;
         *logits = row(kept).to_vec();
         self.stats.passes += 1;
         self.stats.drafted += draft.len() as u64;
@@ -285,6 +329,19 @@ impl<D: Drafter> Speculator<D> {
             (kept + 1).max(self.draft_len / 2).max(lo)
         }
         .max(lo);
+    }
+
+    /// Whether the sequence must keep hidden rows for this drafter (call
+    /// [`Sequence::keep_hidden`] before the prompt, then
+    /// [`Speculator::prime`]).
+    pub fn needs_hidden(&self) -> bool {
+        self.drafter.needs_hidden()
+    }
+
+    /// The sequence has just prefilled `prompt` from position 0 (a drafter
+    /// that reads hidden rows catches up on them).
+    pub fn prime(&mut self, seq: &mut dyn Sequence, prompt: &[u32]) -> Result<(), ModelError> {
+        self.drafter.prime(seq, prompt)
     }
 
     /// The counters so far.

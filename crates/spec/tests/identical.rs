@@ -181,3 +181,64 @@ fn greedy_tokens_are_identical_on_the_demo_model() {
     // scripted drafter's error periods and the default maximum.
     check_model(&path, &prompt, 32, &[1, 2, 3, 6, 7, 8, 16]);
 }
+
+/// `--spec mtp` on the fixture with a NextN block (its MTP head is
+/// checked against llama.cpp's in `crates/model/tests/mtp_fixture.rs`):
+/// the head drafts, and the output is plain decoding's for every length.
+#[test]
+fn mtp_drafts_keep_greedy_tokens_identical() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/qwen3next-mtp/tiny-qwen3next-mtp-f32.gguf");
+    let mut e = engine(&path, 128);
+    let model = e.model().clone();
+    let mut seq = e.open_sequence(0).unwrap();
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 11) % 200).collect();
+    let want = plain(&mut *seq, &prompt, 32);
+    for draft_max in [1usize, 2, 4, 8] {
+        let opts = SpecOptions {
+            mode: redlite_spec::SpecMode::Mtp,
+            draft_max,
+            ..Default::default()
+        };
+        let mut s = redlite_spec::from_options(&opts, &model, 128)
+            .unwrap()
+            .unwrap();
+        assert!(s.needs_hidden());
+        seq.reset().unwrap();
+        seq.keep_hidden(true).unwrap();
+        let mut sampler = Sampler::greedy();
+        let mut history = prompt.clone();
+        let mut logits = seq.prefill(&prompt, Logits::Last).unwrap();
+        s.prime(&mut *seq, &prompt).unwrap();
+        let mut out = Vec::new();
+        while out.len() < 32 {
+            let step = s
+                .step(
+                    &mut *seq,
+                    &mut sampler,
+                    &mut history,
+                    &mut logits,
+                    32 - out.len(),
+                    &|_| false,
+                )
+                .unwrap();
+            out.extend(step.tokens);
+        }
+        assert_eq!(out, want, "mtp, draft-max {draft_max}: {:?}", s.stats());
+        assert!(s.stats().drafted > 0, "the head drafted nothing");
+        eprintln!("mtp draft-max {draft_max}: {}", s.stats().line());
+    }
+    // A file without the layer says so.
+    let nomtp = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/qwen3next-mtp/tiny-qwen3next-nomtp-f32.gguf");
+    let e2 = engine(&nomtp, 32);
+    let opts = SpecOptions {
+        mode: redlite_spec::SpecMode::Mtp,
+        ..Default::default()
+    };
+    let err = redlite_spec::from_options(&opts, e2.model(), 32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("no multi-token-prediction layer"), "{err}");
+}

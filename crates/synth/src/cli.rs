@@ -19,6 +19,10 @@ pub struct SynthArgs {
     /// Layers (48 in the real model); every 4th layer is full attention.
     #[arg(long, default_value_t = 48)]
     pub layers: usize,
+    /// NextN (MTP) blocks after the layers: 1 as in the released model and
+    /// llama.cpp's converter's default output; 0 as with its `--no-mtp`.
+    #[arg(long, default_value_t = 1)]
+    pub mtp_layers: usize,
     /// Generator threads (default: all cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
@@ -51,15 +55,17 @@ pub fn run(a: SynthArgs) -> Result<(), SynthError> {
         .tokenizer
         .clone()
         .map_or(TokenizerSource::Embedded, TokenizerSource::File);
-    let plan = Plan::new(layout, a.layers, a.seed, &tok)?;
+    let plan = Plan::with_mtp(layout, a.layers, a.mtp_layers, a.seed, &tok)?;
     if let Some(out) = &a.out {
         let threads = a
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .max(1);
         eprintln!(
-            "synth: layout {layout}, {} layers, seed {}, {} tensors, {:.2} GB of tensor data, {threads} threads -> {}",
+            "synth: layout {layout}, {} layers + {} MTP ({:.2} GB of it), seed {}, {} tensors, {:.2} GB of tensor data, {threads} threads -> {}",
             a.layers,
+            a.mtp_layers,
+            plan.mtp_bytes() as f64 / 1e9,
             a.seed,
             plan.tensors.len(),
             plan.data_bytes() as f64 / 1e9,

@@ -10,6 +10,8 @@ pub enum SynthError {
     UnknownLayout(String),
     #[error("layer count {0} is out of range (1..={max})", max = crate::MAX_LAYERS)]
     BadLayers(usize),
+    #[error("MTP layer count {0} is out of range (0..={max})", max = crate::MAX_MTP_LAYERS)]
+    BadMtpLayers(usize),
     #[error("the tokenizer source {source_name} has no tokenizer.* metadata")]
     NoTokenizer { source_name: String },
     #[error("the tokenizer in {source_name} has {got} tokens, the model needs {want}")]

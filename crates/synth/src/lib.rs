@@ -55,6 +55,8 @@ use std::path::PathBuf;
 
 /// Most layers `--layers` accepts.
 pub const MAX_LAYERS: usize = 4096;
+/// Most NextN (MTP) blocks (the released Qwen3-Next has one).
+pub const MAX_MTP_LAYERS: usize = 16;
 
 /// Elements per random stream in F32 tensors.
 pub const F32_UNIT: u64 = 256;
@@ -108,10 +110,23 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan for `layers` layers of Qwen3-Next-80B-A3B in `layout`.
+    /// The plan for `layers` layers of Qwen3-Next-80B-A3B in `layout`, with
+    /// its one MTP block after them (as the released model converts).
     pub fn new(
         layout: Layout,
         layers: usize,
+        seed: u64,
+        tokenizer: &TokenizerSource,
+    ) -> Result<Plan, SynthError> {
+        Plan::with_mtp(layout, layers, 1, seed, tokenizer)
+    }
+
+    /// [`Plan::new`] with `mtp_layers` NextN (MTP) blocks (0: the file
+    /// llama.cpp's converter writes with `--no-mtp`).
+    pub fn with_mtp(
+        layout: Layout,
+        layers: usize,
+        mtp_layers: usize,
         seed: u64,
         tokenizer: &TokenizerSource,
     ) -> Result<Plan, SynthError> {
@@ -119,7 +134,11 @@ impl Plan {
         if layers == 0 || layers > MAX_LAYERS {
             return Err(SynthError::BadLayers(layers));
         }
+        if mtp_layers > MAX_MTP_LAYERS {
+            return Err(SynthError::BadMtpLayers(mtp_layers));
+        }
         shapes.n_layer = layers;
+        shapes.n_nextn = mtp_layers;
         Plan::with_shapes(shapes, layout, seed, tokenizer)
     }
 
@@ -194,6 +213,18 @@ impl Plan {
         } else {
             0
         }
+    }
+
+    /// Bytes of the NextN (MTP) blocks' tensors.
+    pub fn mtp_bytes(&self) -> u64 {
+        let prefixes: Vec<String> = (self.shapes.n_layer..self.shapes.n_block())
+            .map(|b| format!("blk.{b}."))
+            .collect();
+        self.tensors
+            .iter()
+            .filter(|t| prefixes.iter().any(|p| t.name.starts_with(p.as_str())))
+            .map(|t| t.n_bytes())
+            .sum()
     }
 
     /// Total bytes of tensor data (without header and padding).

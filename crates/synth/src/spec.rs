@@ -34,6 +34,10 @@ pub struct Shapes {
     /// DeltaNet head size (`ssm.state_size`), keys and values alike.
     pub ssm_head: u64,
     pub full_attention_interval: u32,
+    /// NextN (MTP) blocks after the trunk: 1 in the released checkpoints
+    /// and in what llama.cpp's converter writes from them without
+    /// `--no-mtp` (block `n_layer`, counted in `block_count`).
+    pub n_nextn: usize,
 }
 
 impl Shapes {
@@ -59,12 +63,19 @@ impl Shapes {
             n_v_heads: 32,
             ssm_head: 128,
             full_attention_interval: 4,
+            n_nextn: 1,
         }
     }
 
-    /// Layer `i` is Gated DeltaNet (true) or full attention (false).
+    /// Layer `i` is Gated DeltaNet (true) or full attention (false); the
+    /// NextN blocks after the trunk are full attention.
     pub fn is_recurrent(&self, i: usize) -> bool {
-        !(i + 1).is_multiple_of((self.full_attention_interval as usize).max(1))
+        i < self.n_layer && !(i + 1).is_multiple_of((self.full_attention_interval as usize).max(1))
+    }
+
+    /// Blocks in the file: the trunk and the NextN blocks (`block_count`).
+    pub fn n_block(&self) -> usize {
+        self.n_layer + self.n_nextn
     }
 
     pub fn key_dim(&self) -> u64 {
@@ -276,7 +287,7 @@ pub fn tensors(s: &Shapes, layout: Layout) -> Vec<TensorSpec> {
         t.embd,
         Init::Random { std: stds::EMBD },
     );
-    for i in 0..s.n_layer {
+    for i in 0..s.n_block() {
         let b = |n: &str| format!("blk.{i}.{n}");
         add(b("attn_norm.weight"), &[d], t.small, norm);
         if s.is_recurrent(i) {
@@ -398,6 +409,21 @@ pub fn tensors(s: &Shapes, layout: Layout) -> Vec<TensorSpec> {
             t.dense,
             Init::Random { std: inv(fs) },
         );
+        if i >= s.n_layer {
+            // The NextN (MTP) block's own tensors (llama.cpp's names): the
+            // projection of [enorm(embedding) ‖ hnorm(hidden)] and its
+            // norms; it shares token_embd and output (no embed_tokens or
+            // shared_head_head, as in the 80B checkpoints).
+            add(
+                b("nextn.eh_proj.weight"),
+                &[2 * d, d],
+                t.dense,
+                Init::Random { std: inv(2 * d) },
+            );
+            add(b("nextn.enorm.weight"), &[d], t.small, norm);
+            add(b("nextn.hnorm.weight"), &[d], t.small, norm);
+            add(b("nextn.shared_head_norm.weight"), &[d], t.small, norm);
+        }
     }
     add("output_norm.weight".into(), &[d], t.small, norm);
     add(
@@ -446,14 +472,17 @@ pub fn metadata(s: &Shapes, layout: Layout, seed: u64) -> Metadata {
     m.insert(
         "general.name",
         format!(
-            "redlite-synth Qwen3-Next-80B-A3B shapes, {} layers, layout {layout}, seed {seed}",
-            s.n_layer
+            "redlite-synth Qwen3-Next-80B-A3B shapes, {} layers + {} MTP, layout {layout}, seed {seed}",
+            s.n_layer, s.n_nextn
         )
         .as_str(),
     );
     m.insert("general.file_type", layout.file_type());
     m.insert("general.quantization_version", 2u32);
-    m.insert(a("block_count"), s.n_layer as u32);
+    m.insert(a("block_count"), s.n_block() as u32);
+    if s.n_nextn > 0 {
+        m.insert(a("nextn_predict_layers"), s.n_nextn as u32);
+    }
     m.insert(a("context_length"), s.context_length);
     m.insert(a("embedding_length"), s.n_embd as u32);
     m.insert(a("feed_forward_length"), s.ff_dense);
@@ -478,7 +507,7 @@ pub fn metadata(s: &Shapes, layout: Layout, seed: u64) -> Metadata {
         a("attention.recurrent_layers"),
         MetadataValue::Array(MetadataArray::new(
             ValueType::Bool,
-            (0..s.n_layer)
+            (0..s.n_block())
                 .map(|i| MetadataValue::Bool(s.is_recurrent(i)))
                 .collect(),
         )),

@@ -7,6 +7,7 @@ import numpy as np
 import gguf
 
 path, n_layer = sys.argv[1], int(sys.argv[2])
+n_nextn = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 r = gguf.GGUFReader(path)
 
 
@@ -21,7 +22,7 @@ def val(key):
 
 assert val("general.architecture") == "qwen3next"
 want = {
-    "qwen3next.block_count": n_layer,
+    "qwen3next.block_count": n_layer + n_nextn,
     "qwen3next.embedding_length": 2048,
     "qwen3next.context_length": 262144,
     "qwen3next.attention.head_count": 16,
@@ -42,7 +43,11 @@ want = {
 for k, v in want.items():
     assert val(k) == v, (k, val(k), v)
 assert abs(val("qwen3next.rope.freq_base") - 1e7) < 1
-assert val("qwen3next.attention.recurrent_layers") == [(i + 1) % 4 != 0 for i in range(n_layer)]
+assert val("qwen3next.attention.recurrent_layers") == [(i + 1) % 4 != 0 for i in range(n_layer)] + [False] * n_nextn
+if n_nextn:
+    assert val("qwen3next.nextn_predict_layers") == n_nextn
+else:
+    assert "qwen3next.nextn_predict_layers" not in r.fields
 assert len(r.fields["tokenizer.ggml.tokens"].data) == 151936
 
 names = {t.name: t for t in r.tensors}
@@ -52,6 +57,12 @@ assert list(names["blk.0.ffn_gate_exps.weight"].shape) == [2048, 512, 512]
 assert list(names["blk.0.ffn_down_exps.weight"].shape) == [512, 2048, 512]
 assert list(names["blk.0.attn_qkv.weight"].shape) == [2048, 8192]
 assert list(names["blk.0.ssm_conv1d.weight"].shape) == [4, 8192]
+for b in range(n_layer, n_layer + n_nextn):
+    # llama.cpp's load_block_mtp: eh_proj {2*n_embd, n_embd}, enorm/hnorm {n_embd}
+    assert list(names[f"blk.{b}.nextn.eh_proj.weight"].shape) == [4096, 2048]
+    assert list(names[f"blk.{b}.nextn.enorm.weight"].shape) == [2048]
+    assert list(names[f"blk.{b}.nextn.hnorm.weight"].shape) == [2048]
+    assert list(names[f"blk.{b}.attn_q.weight"].shape) == [2048, 8192]
 bad = 0
 for t in r.tensors:
     raw = t.data.reshape(-1)

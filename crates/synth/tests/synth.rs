@@ -34,6 +34,9 @@ fn spec_type(layout: Layout, name: &str) -> GgmlType {
         (Layout::Q4km, _) => Q4_K,
     };
     let short = name.split('.').nth(2).unwrap_or(name);
+    if name.ends_with(".nextn.eh_proj.weight") {
+        return Q4_K;
+    }
     match name {
         "token_embd.weight" => Q4_K,
         "output.weight" => Q6_K,
@@ -76,6 +79,11 @@ fn spec_dims(name: &str) -> Vec<u64> {
         "ffn_gate_inp_shexp.weight" => vec![2048],
         "ffn_gate_shexp.weight" | "ffn_up_shexp.weight" => vec![2048, 512],
         "ffn_down_shexp.weight" => vec![512, 2048],
+        // The NextN (MTP) block: llama.cpp's load_block_mtp.
+        "nextn.eh_proj.weight" => vec![2 * 2048, 2048],
+        "nextn.enorm.weight" | "nextn.hnorm.weight" | "nextn.shared_head_norm.weight" => {
+            vec![2048]
+        }
         other => panic!("unexpected tensor {other}"),
     }
 }
@@ -93,8 +101,22 @@ fn shapes_and_types_match_the_spec_table() {
             .count();
         assert_eq!(n_attn, 12);
         // Attention layers: 2 norms + 6 attention tensors + 8 FFN tensors;
-        // DeltaNet layers: 2 norms + 8 DeltaNet tensors + 8 FFN tensors; 3 globals.
-        assert_eq!(p.tensors.len(), 12 * 16 + 36 * 18 + 3, "{layout}");
+        // DeltaNet layers: 2 norms + 8 DeltaNet tensors + 8 FFN tensors; 3
+        // globals; the MTP block 48: an attention layer + 4 nextn tensors.
+        assert_eq!(p.tensors.len(), 12 * 16 + 36 * 18 + 3 + 20, "{layout}");
+        for n in ["attn_q", "ffn_gate_exps", "nextn.eh_proj", "nextn.hnorm"] {
+            assert!(p.index_of(&format!("blk.48.{n}.weight")).is_ok(), "{n}");
+        }
+        assert!(p.index_of("blk.48.attn_qkv.weight").is_err());
+        let mtp = p.mtp_bytes() as f64 / 1e9;
+        println!("{layout}: the MTP block holds {mtp:.3} GB");
+        assert!(
+            mtp > 0.0 && mtp < p.data_bytes() as f64 / 1e9 / 30.0,
+            "{mtp}"
+        );
+        let no_mtp = Plan::with_mtp(layout, 48, 0, 0, &TokenizerSource::Embedded).unwrap();
+        assert_eq!(no_mtp.tensors.len(), p.tensors.len() - 20);
+        assert_eq!(no_mtp.data_bytes() + p.mtp_bytes(), p.data_bytes());
         for t in &p.tensors {
             assert_eq!(t.dims, spec_dims(&t.name), "{layout} {}", t.name);
             assert_eq!(t.ty, spec_type(layout, &t.name), "{layout} {}", t.name);
@@ -125,7 +147,8 @@ fn metadata_matches_qwen3next_md() {
     };
     assert_eq!(m.get_str("general.architecture").unwrap(), "qwen3next");
     for (k, v) in [
-        ("block_count", 6),
+        ("block_count", 7),
+        ("nextn_predict_layers", 1),
         ("context_length", 262144),
         ("embedding_length", 2048),
         ("attention.head_count", 16),
@@ -155,7 +178,7 @@ fn metadata_matches_qwen3next_md() {
     assert_eq!(
         m.get_bool_array("qwen3next.attention.recurrent_layers")
             .unwrap(),
-        vec![true, true, true, false, true, true]
+        vec![true, true, true, false, true, true, false]
     );
     assert_eq!(
         m.get_str_array("tokenizer.ggml.tokens").unwrap().len(),
@@ -373,7 +396,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn python_check(path: &Path, layers: usize) {
+fn python_check(path: &Path, layers: usize, mtp_layers: usize) {
     let Some(py) = std::env::var_os("REDLITE_PYTHON") else {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -387,6 +410,7 @@ fn python_check(path: &Path, layers: usize) {
         .arg(&script)
         .arg(path)
         .arg(layers.to_string())
+        .arg(mtp_layers.to_string())
         .output()
         .unwrap();
     print!("{}", String::from_utf8_lossy(&out.stdout));
@@ -403,7 +427,8 @@ fn python_check(path: &Path, layers: usize) {
 fn written_files_are_deterministic_and_load() {
     let d = dir();
     // --layers 1: determinism across thread counts, our reader, the gguf package.
-    let p1 = plan(Layout::Iq2, 1, 7);
+    // (Without the MTP block: it would add half the bytes to each write.)
+    let p1 = Plan::with_mtp(Layout::Iq2, 1, 0, 7, &TokenizerSource::Embedded).unwrap();
     let (a, b) = (d.join("l1-t1.gguf"), d.join("l1-t3.gguf"));
     let (_ca, _cb) = (Cleanup(a.clone()), Cleanup(b.clone()));
     let one = |t| WriteOptions {
@@ -434,7 +459,7 @@ fn written_files_are_deterministic_and_load() {
     }
     assert_eq!(f.metadata().get_u64("redlite.synth.seed").unwrap(), 7);
     drop(f);
-    python_check(&a, 1);
+    python_check(&a, 1, 0);
     drop(_ca);
 
     // --layers 4 (three DeltaNet layers, one attention layer): the model loads and runs.
@@ -461,6 +486,34 @@ fn written_files_are_deterministic_and_load() {
         / n)
         .sqrt();
     println!("--layers 4: logits mean {mean:.3} std {sd:.3}");
+    // The MTP block (block 4): the trunk ran 4 layers; the head loads and
+    // drafts finite logits from the trunk's last hidden row.
+    assert_eq!(model.arch().n_layer(), 4);
+    let head = model.mtp().expect("the synth file has an MTP block");
+    assert_eq!(head.block, 4);
+    let mut keep = model.new_session(64);
+    keep.set_keep_hidden(true);
+    keep.forward(&model, &toks, redlite_model::Logits::Last)
+        .unwrap();
+    let h = keep.last_hidden();
+    let mut st = head.new_state(64);
+    let t0 = std::time::Instant::now();
+    let out = head
+        .forward(
+            &model,
+            &mut st,
+            &h[h.len() - 2048..],
+            &[toks[1]],
+            redlite_model::Logits::Last,
+        )
+        .unwrap();
+    println!(
+        "--layers 4: one MTP draft step {:.1} ms (debug build, 2048 wide, 512 experts)",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    assert_eq!(out.logits.len(), 151936);
+    assert!(out.logits.iter().all(|v| v.is_finite()));
+    python_check(&c, 4, 1);
     assert!(sd > 1.0 && sd < 10.0, "logit std {sd}");
     // Routing in the real forward: consecutive tokens share some experts.
     let routes = s.last_routes();

@@ -255,9 +255,16 @@ pub fn plan(args: &ModelBenchArgs) -> Vec<(usize, usize, usize)> {
 fn describe(file: &GgufFile) -> String {
     let meta = file.metadata();
     let arch = meta.architecture().unwrap_or("?").to_owned();
-    let layers = meta
-        .get_u64(&format!("{arch}.block_count"))
-        .map_or(String::new(), |n| format!(" {n}L"));
+    // block_count counts NextN (MTP) blocks too; the label gives the trunk.
+    let nextn = meta
+        .get_u64(&format!("{arch}.nextn_predict_layers"))
+        .unwrap_or(0);
+    let layers =
+        meta.get_u64(&format!("{arch}.block_count"))
+            .map_or(String::new(), |n| match nextn {
+                0 => format!(" {n}L"),
+                m => format!(" {}L+{m}MTP", n.saturating_sub(m)),
+            });
     let mut by_type: BTreeMap<GgmlType, u64> = BTreeMap::new();
     for t in file.tensors() {
         *by_type.entry(t.ty).or_default() += t.n_bytes;

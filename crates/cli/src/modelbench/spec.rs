@@ -24,7 +24,7 @@ fn decode_text(
     prompt: &[u32],
     n: usize,
     spec: Option<&SpecOptions>,
-    model: &Model,
+    model: &std::sync::Arc<Model>,
 ) -> Result<(Vec<u32>, f64, Option<SpecStats>)> {
     seq.restore(start)?;
     let mut sampler = Sampler::greedy();
@@ -34,9 +34,14 @@ fn decode_text(
     let t0 = Instant::now();
     let stats = match spec {
         Some(o) => {
-            let Some(mut s) = redlite_spec::from_options(o, model)? else {
+            let Some(mut s) = redlite_spec::from_options(o, model, seq.ctx_len())? else {
                 bail!("--spec none has nothing to compare");
             };
+            if s.needs_hidden() {
+                // The checkpoint holds the prompt's state, the session its
+                // hidden rows (kept since the prefill).
+                s.prime(seq, prompt)?;
+            }
             while out.len() < n {
                 let step = s.step(
                     seq,
@@ -85,7 +90,7 @@ impl TextResult {
 /// Plain and speculative decoding of `n` tokens after `prompt`, alternating.
 pub fn text_test(
     seq: &mut dyn Sequence,
-    model: &Model,
+    model: &std::sync::Arc<Model>,
     prompt: &[u32],
     n: usize,
     reps: usize,
@@ -100,6 +105,9 @@ pub fn text_test(
         );
     }
     seq.reset()?;
+    if opts.mode == redlite_spec::SpecMode::Mtp {
+        seq.keep_hidden(true)?;
+    }
     let t0 = Instant::now();
     let first = seq.prefill(prompt, Logits::Last)?;
     eprintln!(

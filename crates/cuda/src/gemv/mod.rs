@@ -4,7 +4,7 @@ use crate::device::dptr;
 use crate::device::Gpu;
 use crate::error::{bail, ensure, Result};
 use crate::layout::{layout, to_device_bytes, upload_layout, DeviceLayout};
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 use redlite_gguf::GgmlType;
 
 mod experts;
@@ -390,53 +390,56 @@ fn launch_q8(gpu: &Gpu, a: Q8Launch<'_>, y: &mut CudaSlice<f32>) -> Result<()> {
     let nb = a.layout.blocks_per_row(a.cols)?;
     let name = q8_kernel_name(a.layout.ty, a.v)?;
     let cfg = q8_grid(a.layout.ty, a.v, nb, a.rows, a.n_mats)?;
-    let max_lanes = a.v.max_lanes as i32;
-    let (rows_i, nb_i, xs, nf) = (
-        a.rows as i32,
-        nb as i32,
-        a.x_stride as i64,
-        a.n_first as i32,
-    );
-    let (w0, w1, sp) = (
-        dptr(gpu, Some(a.w0)),
-        dptr(gpu, Some(a.w1)),
-        dptr(gpu, a.slots),
-    );
-    let (xq, xd, yp) = (
-        dptr(gpu, Some(&a.x.q)),
-        dptr(gpu, Some(&a.x.d)),
-        dptr(gpu, Some(&*y)),
-    );
-    // SAFETY: the argument list matches gemv_q8act.cu (u8*, u8*, i32,
-    // u64, u32* or null, i8*, f32*, i64, f32*, i32, i32, i32; the grid
-    // from q8_grid with the same lanes cap). w0 holds the
-    // first n_first matrices (or slots), w1 the rest, each of `mat_bytes` >=
-    // rows*nb*block bytes in the device layout of `a.layout` (a format
-    // with a q8 kernel, checked by q8_kernel_name); the Q8Vec holds
-    // (n-1)*x_stride + cols values and their scales, y n_mats*rows floats
-    // (checked by the callers); one stream orders everything.
-    unsafe {
-        gpu.launch(
-            &name,
-            cfg,
-            &[
-                &w0,
-                &w1,
-                &nf,
-                &a.mat_bytes,
-                &sp,
-                &xq,
-                &xd,
-                &xs,
-                &yp,
-                &rows_i,
-                &nb_i,
-                &max_lanes,
-            ],
-        )
-    }?;
+    let args = GemvQ8Args {
+        w0: dptr(gpu, Some(a.w0)),
+        w1: dptr(gpu, Some(a.w1)),
+        mat_bytes: a.mat_bytes,
+        slots: dptr(gpu, a.slots),
+        xq: dptr(gpu, Some(&a.x.q)),
+        xd: dptr(gpu, Some(&a.x.d)),
+        x_stride: a.x_stride as i64,
+        y: dptr(gpu, Some(&*y)),
+        n_first: a.n_first as i32,
+        rows: a.rows as i32,
+        nb: nb as i32,
+        max_lanes: a.v.max_lanes as i32,
+    };
+    // SAFETY: gemv_*_q8*(GemvQ8Args) by value (the struct mirrors the
+    // kernels'; the grid from q8_grid with the same lanes cap). w0 holds
+    // the first n_first matrices (or slots), w1 the rest, each of
+    // `mat_bytes` >= rows*nb*block bytes in the device layout of
+    // `a.layout` (a format with a q8 kernel, checked by q8_kernel_name);
+    // the Q8Vec holds (n-1)*x_stride + cols values and their scales, y
+    // n_mats*rows floats (checked by the callers); one stream orders
+    // everything.
+    unsafe { gpu.launch(&name, cfg, &[&args]) }?;
     Ok(())
 }
+
+/// The argument struct of the int8-activation GEMVs (`GemvQ8Args` in
+/// `kernels/gemv_q8act.cuh`: same field order and types, device addresses
+/// as u64; the `.cuh` asserts the size).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GemvQ8Args {
+    pub w0: u64,
+    pub w1: u64,
+    pub mat_bytes: u64,
+    pub slots: u64,
+    pub xq: u64,
+    pub xd: u64,
+    pub x_stride: i64,
+    pub y: u64,
+    pub n_first: i32,
+    pub rows: i32,
+    pub nb: i32,
+    pub max_lanes: i32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers, passed to the kernels
+// by value as the `GemvQ8Args` it mirrors (offsets checked in the tests,
+// the size by a static_assert in the `.cuh`).
+unsafe impl DeviceRepr for GemvQ8Args {}
 
 #[allow(clippy::too_many_arguments)]
 fn launch(
@@ -490,6 +493,20 @@ fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The struct the int8-activation GEMVs read by value: 8 pointers and
+    /// u64/i64s, 4 i32 = 80 bytes (the `.cuh` asserts the same size), each
+    /// field at the offset C gives the same declaration.
+    #[test]
+    fn gemv_q8_args_layout_matches_the_kernel_struct() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(size_of::<GemvQ8Args>(), 80);
+        assert_eq!(align_of::<GemvQ8Args>(), 8);
+        assert_eq!(offset_of!(GemvQ8Args, mat_bytes), 16);
+        assert_eq!(offset_of!(GemvQ8Args, x_stride), 48);
+        assert_eq!(offset_of!(GemvQ8Args, n_first), 64);
+        assert_eq!(offset_of!(GemvQ8Args, max_lanes), 76);
+    }
 
     /// The grid of the int8 kernels under a lanes cap: a block covers
     /// GEMV_WARPS warps of nr rows per lane group, 32 / lanes groups a warp

@@ -6,7 +6,7 @@ use super::q8ptrs;
 use crate::device::{at_ptr, cfg, dptr, At, Gpu};
 use crate::error::{ensure, Result};
 use crate::gemv::Q8Vec;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// Shapes of one attention layer on the device.
 #[derive(Clone, Copy, Debug)]
@@ -224,6 +224,50 @@ pub fn default_nsplit(a: &AttnDims, sms: usize) -> usize {
     sms.div_ceil(groups).clamp(1, 256)
 }
 
+/// The argument struct of the `attn_split_*` kernels (`AttnSplitArgs` in
+/// `kernels/attention.cu`: same field order and types, device addresses as
+/// u64; the `.cu` asserts the size).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnSplitArgs {
+    pub q: u64,
+    pub kc: u64,
+    pub vc: u64,
+    pub pos: u64,
+    pub part_o: u64,
+    pub part_ml: u64,
+    pub n_head: i32,
+    pub n_kv: i32,
+    pub nsplit: i32,
+    pub scale: f32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers and a float, passed to
+// the kernels by value as the `AttnSplitArgs` it mirrors (offsets checked
+// in the tests, the size by a static_assert in the `.cu`).
+unsafe impl DeviceRepr for AttnSplitArgs {}
+
+/// The argument struct of `attn_merge` (`AttnMergeArgs` in
+/// `kernels/attention.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnMergeArgs {
+    pub part_o: u64,
+    pub part_ml: u64,
+    pub gate: u64,
+    pub out: u64,
+    pub q8: u64,
+    pub q8d: u64,
+    pub gate_stride: i32,
+    pub nsplit: i32,
+    pub hd: i32,
+    pub pad: i32,
+}
+
+// SAFETY: as AttnSplitArgs: plain integers, the layout of the `.cu`'s
+// struct (checked in the tests and by its static_assert).
+unsafe impl DeviceRepr for AttnMergeArgs {}
+
 /// Decode attention of the query `q` (`n_head x hd`) over positions
 /// `0..=*pos` of the caches; `gate` (the q_full buffer, gated layers):
 /// out *= sigmoid(gate) in the merge.
@@ -254,45 +298,51 @@ pub fn attention(
         .kernel("attn_split", &format!("_g{gb}_d{}", hd / 32));
     let ns = scratch.nsplit;
     let grid = ((nkv * (nh / nkv / gb)) as u32, ns as u32);
-    let p: [u64; 6] = [
-        dptr(gpu, Some(q)),
-        kcp,
-        vcp,
-        dptr(gpu, Some(pos)),
-        dptr(gpu, Some(&scratch.part_o)),
-        dptr(gpu, Some(&scratch.part_ml)),
-    ];
-    let (nh_i, nkv_i, ns_i) = (nh as i32, nkv as i32, ns as i32);
-    // SAFETY: attn_split[_kvf16]_gGB_dDPL(q, k_cache, v_cache, pos, part_o,
-    // part_ml, n_head, n_kv, nsplit, scale), the variant of the caches'
-    // element type (KvCache keeps K and V of one type), with hd = 32*DPL and GB
+    let args = AttnSplitArgs {
+        q: dptr(gpu, Some(q)),
+        kc: kcp,
+        vc: vcp,
+        pos: dptr(gpu, Some(pos)),
+        part_o: dptr(gpu, Some(&scratch.part_o)),
+        part_ml: dptr(gpu, Some(&scratch.part_ml)),
+        n_head: nh as i32,
+        n_kv: nkv as i32,
+        nsplit: ns as i32,
+        scale,
+    };
+    // SAFETY: attn_split[_kvf16]_gGB_dDPL(AttnSplitArgs) by value (the
+    // struct mirrors the kernel's), the variant of the caches' element
+    // type (KvCache keeps K and V of one type), with hd = 32*DPL and GB
     // dividing the group (heads_per_block); the scratch holds n_head *
     // nsplit slices; the caller keeps *pos < the caches' positions.
-    unsafe {
-        gpu.launch(
-            &name,
-            cfg(grid, 256),
-            &[
-                &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &nh_i, &nkv_i, &ns_i, &scale,
-            ],
-        )
-    }?;
+    unsafe { gpu.launch(&name, cfg(grid, 256), &[&args]) }?;
     let gp = match gate {
         Some(g) => at_ptr(gpu, g, 2 * nh * hd)? + 4 * hd as u64,
         None => 0,
     };
     let op = dptr(gpu, Some(out));
-    let (gs, hd_i) = (2 * hd as i32, hd as i32);
-    // SAFETY: attn_merge(part_o, part_ml, gate, gate_stride, out, q8,
-    // q8d, nsplit, hd) (q8: n_head*hd values, checked above), grid (n_head, hd/64) with hd a multiple of 64 (AttnDims::check):
-    // gate (when given) points at the first gate value of q_full
-    // (query values of head 0 skipped), head h's at h*2*hd; out holds
-    // n_head*hd floats (checked above).
+    let merge = AttnMergeArgs {
+        part_o: args.part_o,
+        part_ml: args.part_ml,
+        gate: gp,
+        out: op,
+        q8: qp,
+        q8d: qdp,
+        gate_stride: 2 * hd as i32,
+        nsplit: args.nsplit,
+        hd: hd as i32,
+        pad: 0,
+    };
+    // SAFETY: attn_merge(AttnMergeArgs) by value (the struct mirrors the
+    // kernel's; q8: n_head*hd values, checked above), grid (n_head, hd/64)
+    // with hd a multiple of 64 (AttnDims::check): gate (when given) points
+    // at the first gate value of q_full (query values of head 0 skipped),
+    // head h's at h*2*hd; out holds n_head*hd floats (checked above).
     unsafe {
         gpu.launch(
             "attn_merge",
             cfg((nh as u32, (hd / 64) as u32), 256),
-            &[&p[4], &p[5], &gp, &gs, &op, &qp, &qdp, &ns_i, &hd_i],
+            &[&merge],
         )
     }
 }
@@ -300,6 +350,25 @@ pub fn attention(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The struct attn_split_* read by value: 6 pointers, 3 i32 and an
+    /// f32 = 64 bytes (the `.cu` asserts the same size), each field at the
+    /// offset C gives the same declaration.
+    #[test]
+    fn attn_split_args_layout_matches_the_kernel_struct() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(size_of::<AttnSplitArgs>(), 64);
+        assert_eq!(align_of::<AttnSplitArgs>(), 8);
+        assert_eq!(offset_of!(AttnSplitArgs, pos), 24);
+        assert_eq!(offset_of!(AttnSplitArgs, part_ml), 40);
+        assert_eq!(offset_of!(AttnSplitArgs, n_head), 48);
+        assert_eq!(offset_of!(AttnSplitArgs, scale), 60);
+        // attn_merge: 6 pointers, 4 i32 = 64 bytes
+        assert_eq!(size_of::<AttnMergeArgs>(), 64);
+        assert_eq!(offset_of!(AttnMergeArgs, q8d), 40);
+        assert_eq!(offset_of!(AttnMergeArgs, gate_stride), 48);
+        assert_eq!(offset_of!(AttnMergeArgs, hd), 56);
+    }
 
     fn bits(x: f32) -> u16 {
         half::f16::from_f32(x).to_bits()

@@ -5,11 +5,12 @@
 //! rows it hands a kernel lie inside their buffer.
 
 use super::attention::{AttnDims, KvCache};
+use super::attn_prep::AttnPrepArgs;
 use super::deltanet::{GdnDims, GdnWeights};
 use super::router::ROUTER_MAX_N;
 use crate::device::{cfg, dptr, i32_of, Gpu};
 use crate::error::{ensure, Result};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// Rows of floats in a device buffer: row t is `buf[off + t*ld..][..width]`.
 #[derive(Clone, Copy)]
@@ -45,6 +46,33 @@ impl<'a> Rows<'a> {
     }
 }
 
+/// The argument struct of `gdn_recur_chunk_k*` (`GdnRecurArgs` in
+/// `kernels/deltanet_chunk.cu`: same field order and types, device
+/// addresses as u64; the `.cu` asserts the size). `w`: the columns a block
+/// owns (`W`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GdnRecurArgs {
+    pub conv: u64,
+    pub ba: u64,
+    pub ld_ba: i64,
+    pub dt_bias: u64,
+    pub ssm_a: u64,
+    pub state: u64,
+    pub raw: u64,
+    pub n_k: i32,
+    pub n_v: i32,
+    pub dk: i32,
+    pub dv: i32,
+    pub w: i32,
+    pub tokens: i32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers, passed to the kernels
+// by value as the `GdnRecurArgs` it mirrors (offsets checked in the tests,
+// the size by a static_assert in the `.cu`).
+unsafe impl DeviceRepr for GdnRecurArgs {}
+
 /// q/k norm, RoPE and the KV append of `tokens` tokens at positions
 /// `pos0..`; the rotated queries into `q_out` (rows of n_head*hd).
 #[allow(clippy::too_many_arguments)]
@@ -76,36 +104,39 @@ pub fn attn_prep_chunk(
     ensure!(inv_freq.len() >= a.n_rot / 2 && tokens <= 65535);
     ensure!(norms.is_none_or(|(q, k)| q.len() >= hd && k.len() >= hd));
     let (kcp, vcp) = kv.ptrs(gpu);
-    let p: [u64; 6] = [
-        dptr(gpu, norms.map(|n| n.0)),
-        dptr(gpu, norms.map(|n| n.1)),
-        dptr(gpu, Some(inv_freq)),
-        qop,
-        kcp,
-        vcp,
-    ];
-    let ld: [i64; 3] = [q_full.ld as i64, k.ld as i64, v.ld as i64];
-    let i: [i32; 6] = [
-        a.n_rot as i32,
-        i32_of(pos0)?,
-        nh as i32,
-        nkv as i32,
-        hd as i32,
-        a.gated as i32,
-    ];
+    let args = AttnPrepArgs {
+        q_full: qfp,
+        k: kp,
+        v: vp,
+        q_norm: dptr(gpu, norms.map(|n| n.0)),
+        k_norm: dptr(gpu, norms.map(|n| n.1)),
+        inv_freq: dptr(gpu, Some(inv_freq)),
+        // null: the chunk kernels take positions pos0..
+        pos: 0,
+        q_out: qop,
+        k_cache: kcp,
+        v_cache: vcp,
+        ld_q: q_full.ld as i64,
+        ld_k: k.ld as i64,
+        ld_v: v.ld as i64,
+        n_rot: a.n_rot as i32,
+        pos0: i32_of(pos0)?,
+        n_head: nh as i32,
+        n_kv: nkv as i32,
+        hd: hd as i32,
+        gated: a.gated as i32,
+        eps,
+        pad: 0,
+    };
     let name = kv.ty().kernel("attn_prep_chunk", "");
-    // SAFETY: attn_prep_chunk[_kvf16](q_full, k, v, ld_q, ld_k, ld_v,
-    // q_norm, k_norm, inv_freq, n_rot, pos0, q_out, k_cache, v_cache,
-    // n_head, n_kv, hd, gated, eps); the rows of every token and the cache
+    // SAFETY: attn_prep_chunk[_kvf16](AttnPrepArgs) by value (the struct
+    // mirrors the kernel's); the rows of every token and the cache
     // positions it writes are checked above.
     unsafe {
         gpu.launch(
             &name,
             cfg(((nh + nkv) as u32, tokens as u32), 256),
-            &[
-                &qfp, &kp, &vp, &ld[0], &ld[1], &ld[2], &p[0], &p[1], &p[2], &i[0], &i[1], &p[3],
-                &p[4], &p[5], &i[2], &i[3], &i[4], &i[5], &eps,
-            ],
+            &[&args],
         )
     }
 }
@@ -118,6 +149,31 @@ pub const FLASH_ROWS: usize = 64;
 pub fn flash_smem_bytes(hd: usize) -> usize {
     2 * ((FLASH_ROWS + 32) * (hd + 8) + hd * (32 + 8))
 }
+
+/// The argument struct of every `attn_chunk_*` and `attn_flash_*` kernel
+/// (`AttnChunkArgs` in `kernels/attn_chunk.cu`: same field order and
+/// types, device addresses as u64; the `.cu` asserts the size).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnChunkArgs {
+    pub q: u64,
+    pub kc: u64,
+    pub vc: u64,
+    pub gate: u64,
+    pub gate_ld: i64,
+    pub out: u64,
+    pub n_head: i32,
+    pub n_kv: i32,
+    pub pos0: i32,
+    pub tokens: i32,
+    pub scale: f32,
+    pub pad: i32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers and a float, passed to
+// the kernels by value as the `AttnChunkArgs` it mirrors (offsets checked
+// in the tests, the size by a static_assert in the `.cu`).
+unsafe impl DeviceRepr for AttnChunkArgs {}
 
 /// Causal attention of `tokens` queries (positions `pos0..`) over the
 /// cache; `gate`: the q_full rows (gated layers), out *= sigmoid(gate).
@@ -156,7 +212,20 @@ pub fn attn_chunk(
     };
     let (kcp, vcp) = kv.ptrs(gpu);
     let rows = tokens * (nh / nkv);
-    let (nh_i, nkv_i, p0, t_i) = (nh as i32, nkv as i32, i32_of(pos0)?, i32_of(tokens)?);
+    let args = AttnChunkArgs {
+        q: qp,
+        kc: kcp,
+        vc: vcp,
+        gate: gp,
+        gate_ld: gld,
+        out: op,
+        n_head: nh as i32,
+        n_kv: nkv as i32,
+        pos0: i32_of(pos0)?,
+        tokens: i32_of(tokens)?,
+        scale,
+        pad: 0,
+    };
     if flash {
         let name = kv.ty().kernel("attn_flash", &format!("_d{hd}"));
         let smem = flash_smem_bytes(hd);
@@ -171,37 +240,21 @@ pub fn attn_chunk(
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        // SAFETY: attn_flash[_kvf16]_d{hd}(q, k_cache, v_cache, gate,
-        // gate_ld, out, n_head, n_kv, pos0, tokens, scale); grid
-        // (ceil(tokens*G/64), n_kv), 128 threads, the dynamic shared memory
-        // the kernel lays out (flash_smem_bytes, allowed by the attribute
-        // set above); rows and cache positions checked above.
-        return unsafe {
-            gpu.launch(
-                &name,
-                cfg,
-                &[
-                    &qp, &kcp, &vcp, &gp, &gld, &op, &nh_i, &nkv_i, &p0, &t_i, &scale,
-                ],
-            )
-        };
+        // SAFETY: attn_flash[_kvf16]_d{hd}(AttnChunkArgs) by value (the
+        // struct mirrors the kernel's); grid (ceil(tokens*G/64), n_kv), 128
+        // threads, the dynamic shared memory the kernel lays out
+        // (flash_smem_bytes, allowed by the attribute set above); rows and
+        // cache positions checked above.
+        return unsafe { gpu.launch(&name, cfg, &[&args]) };
     }
     let blocks = rows.div_ceil(8);
     ensure!(blocks <= i32::MAX as usize && nkv <= 65535);
     let name = kv.ty().kernel("attn_chunk", &format!("_d{hd}"));
-    // SAFETY: attn_chunk[_kvf16]_d{hd}(q, k_cache, v_cache, gate, gate_ld,
-    // out, n_head, n_kv, pos0, tokens, scale); grid (ceil(tokens*G/8),
-    // n_kv), 8 warps a block (ACH_WARPS); rows and cache positions checked
-    // above (hd is 64, 128 or 256: AttnDims::check).
-    unsafe {
-        gpu.launch(
-            &name,
-            cfg((blocks as u32, nkv as u32), 256),
-            &[
-                &qp, &kcp, &vcp, &gp, &gld, &op, &nh_i, &nkv_i, &p0, &t_i, &scale,
-            ],
-        )
-    }
+    // SAFETY: attn_chunk[_kvf16]_d{hd}(AttnChunkArgs) by value (the struct
+    // mirrors the kernel's); grid (ceil(tokens*G/8), n_kv), 8 warps a block
+    // (ACH_WARPS); rows and cache positions checked above (hd is 64, 128
+    // or 256: AttnDims::check).
+    unsafe { gpu.launch(&name, cfg((blocks as u32, nkv as u32), 256), &[&args]) }
 }
 
 /// The columns a block of the chunk recurrence takes (W: two a warp) and
@@ -324,22 +377,32 @@ pub fn gdn_chunk(
         s.dv as i32,
         w_cols as i32,
     ];
-    let ld_ba = ba.ld as i64;
-    let (dtb, sa) = (dptr(gpu, Some(w.dt_bias)), dptr(gpu, Some(w.ssm_a)));
+    let args = GdnRecurArgs {
+        conv: convp,
+        ba: bap,
+        ld_ba: ba.ld as i64,
+        dt_bias: dptr(gpu, Some(w.dt_bias)),
+        ssm_a: dptr(gpu, Some(w.ssm_a)),
+        state: statep,
+        raw: rawp,
+        n_k: d[0],
+        n_v: d[1],
+        dk: d[2],
+        dv: d[3],
+        w: d[4],
+        tokens: t_i,
+    };
     let blocks = s.n_v * (s.dv / w_cols);
-    // SAFETY: gdn_recur_chunk_k{dk}(conv, ba, ld_ba, dt_bias, ssm_a,
-    // state, raw, n_k, n_v, dk, dv, W, tokens); grid n_v*dv/W blocks of
-    // 16*W threads (two columns a warp, dk/32 rows a lane: the variant
-    // matches dk, gdn_chunk_split); state n_v*dk*dv floats, conv tokens x
-    // cd, raw tokens x n_v*dv (checked above).
+    // SAFETY: gdn_recur_chunk_k{dk}(GdnRecurArgs) by value (the struct
+    // mirrors the kernel's); grid n_v*dv/W blocks of 16*W threads (two
+    // columns a warp, dk/32 rows a lane: the variant matches dk,
+    // gdn_chunk_split); state n_v*dk*dv floats, conv tokens x cd, raw
+    // tokens x n_v*dv (checked above).
     unsafe {
         gpu.launch(
             recur,
             cfg((blocks as u32, 1), (16 * w_cols) as u32),
-            &[
-                &convp, &bap, &ld_ba, &dtb, &sa, &statep, &rawp, &d[0], &d[1], &d[2], &d[3], &d[4],
-                &t_i,
-            ],
+            &[&args],
         )
     }?;
     let ld_z = z.ld as i64;
@@ -448,21 +511,78 @@ pub fn moe_combine_chunk(
         }
         None => (0, 0, 0),
     };
-    let p = [
-        dptr(gpu, Some(x)),
-        dptr(gpu, Some(ys)),
-        dptr(gpu, Some(pair)),
-        dptr(gpu, Some(w)),
-    ];
-    let (k_i, d_i) = (k as i32, i32_of(d)?);
-    // SAFETY: moe_combine_chunk(x, ys, pair, w, k, d, sh, sh_logit, sh_ld);
-    // pair holds indices < n_pairs (built on the host by route_tiles), the
-    // rest checked above.
+    let args = MoeCombineChunkArgs {
+        x: dptr(gpu, Some(x)),
+        ys: dptr(gpu, Some(ys)),
+        pair: dptr(gpu, Some(pair)),
+        w: dptr(gpu, Some(w)),
+        sh: shp,
+        sh_logit: slp,
+        sh_ld: sld,
+        k: k as i32,
+        d: i32_of(d)?,
+    };
+    // SAFETY: moe_combine_chunk(MoeCombineChunkArgs) by value (the struct
+    // mirrors the kernel's); pair holds indices < n_pairs (built on the
+    // host by route_tiles), the rest checked above.
     unsafe {
         gpu.launch(
             "moe_combine_chunk",
             cfg(((d as u32).div_ceil(256), tokens as u32), 256),
-            &[&p[0], &p[1], &p[2], &p[3], &k_i, &d_i, &shp, &slp, &sld],
+            &[&args],
         )
+    }
+}
+
+/// The argument struct of `moe_combine_chunk` (`MoeCombineChunkArgs` in
+/// `kernels/elementwise.cu`: same field order and types, device addresses
+/// as u64; the `.cu` asserts the size).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MoeCombineChunkArgs {
+    pub x: u64,
+    pub ys: u64,
+    pub pair: u64,
+    pub w: u64,
+    pub sh: u64,
+    pub sh_logit: u64,
+    pub sh_ld: i64,
+    pub k: i32,
+    pub d: i32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers, passed to the kernel by
+// value as the `MoeCombineChunkArgs` it mirrors (offsets checked in the
+// tests, the size by a static_assert in the `.cu`).
+unsafe impl DeviceRepr for MoeCombineChunkArgs {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    /// The structs the chunk kernels read by value, at the sizes the `.cu`
+    /// asserts and the offsets C gives the same declarations.
+    #[test]
+    fn chunk_args_layouts_match_the_kernel_structs() {
+        // 6 pointers and an i64, 6 i32 = 80 bytes
+        assert_eq!(size_of::<GdnRecurArgs>(), 80);
+        assert_eq!(align_of::<GdnRecurArgs>(), 8);
+        assert_eq!(offset_of!(GdnRecurArgs, ld_ba), 16);
+        assert_eq!(offset_of!(GdnRecurArgs, raw), 48);
+        assert_eq!(offset_of!(GdnRecurArgs, n_k), 56);
+        assert_eq!(offset_of!(GdnRecurArgs, tokens), 76);
+        // 5 pointers and an i64, 4 i32, an f32 and the pad = 72 bytes
+        assert_eq!(size_of::<AttnChunkArgs>(), 72);
+        assert_eq!(align_of::<AttnChunkArgs>(), 8);
+        assert_eq!(offset_of!(AttnChunkArgs, gate_ld), 32);
+        assert_eq!(offset_of!(AttnChunkArgs, n_head), 48);
+        assert_eq!(offset_of!(AttnChunkArgs, scale), 64);
+        assert_eq!(offset_of!(AttnChunkArgs, pad), 68);
+        // 6 pointers and an i64, 2 i32 = 64 bytes
+        assert_eq!(size_of::<MoeCombineChunkArgs>(), 64);
+        assert_eq!(offset_of!(MoeCombineChunkArgs, sh_ld), 48);
+        assert_eq!(offset_of!(MoeCombineChunkArgs, k), 56);
+        assert_eq!(offset_of!(MoeCombineChunkArgs, d), 60);
     }
 }

@@ -6,7 +6,7 @@ use super::q8ptrs;
 use crate::device::{at_ptr, cfg, dptr, i32_of, At, Gpu};
 use crate::error::{ensure, Result};
 use crate::gemv::Q8Vec;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// `out = SiLU(g) * u` over `n` values (out may be g); `q8`: out also as
 /// int8 activations.
@@ -60,6 +60,34 @@ pub struct NextNorm<'a> {
     pub q8: Option<&'a Q8Vec>,
 }
 
+/// The argument struct of `moe_combine_norm` and `moe_combine_norm_v8`
+/// (`MoeCombineNormArgs` in `kernels/elementwise.cu`: same field order and
+/// types, device addresses as u64; the `.cu` asserts the size). `mix` is
+/// read by the v8 kernel only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MoeCombineNormArgs {
+    pub x: u64,
+    pub ys: u64,
+    pub w: u64,
+    pub sh: u64,
+    pub sh_logit: u64,
+    pub norm_w: u64,
+    pub h: u64,
+    pub q: u64,
+    pub qd: u64,
+    pub mix: u64,
+    pub k: i32,
+    pub d: i32,
+    pub eps: f32,
+    pub pad: i32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers and a float, passed to
+// the kernels by value as the `MoeCombineNormArgs` it mirrors (offsets
+// checked in the tests, the size by a static_assert in the `.cu`).
+unsafe impl DeviceRepr for MoeCombineNormArgs {}
+
 /// `x += Σ_i w[i]·ys[i] + sh·sigmoid(sh_logit)` (`k` routed outputs of
 /// `d` values; the shared expert and its gate optional); with `norm`, also
 /// `h = RMSNorm(x)·norm.w` in the same launch. `mix` (with `norm`, d % 8
@@ -101,25 +129,33 @@ pub fn moe_combine(
     if let Some(n) = norm {
         ensure!(n.w.len() >= d && n.h.len() >= d);
         ensure!(n.q8.is_none_or(|q| q.n >= d && d.is_multiple_of(32)));
-        let (wp, hp) = (dptr(gpu, Some(n.w)), dptr(gpu, Some(n.h)));
-        let (qp, qdp) = q8ptrs(gpu, n.q8);
+        let (q, qd) = q8ptrs(gpu, n.q8);
         let (name, block) = match v8_block(d) {
             Some(b) => ("moe_combine_norm_v8", b),
             None => ("moe_combine_norm", 1024),
         };
-        // moe_combine_norm_v8 takes one more argument: mix.
-        let mut args: Vec<&dyn crate::device::KernelArg> = vec![
-            &p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4], &wp, &n.eps, &hp, &qp, &qdp,
-        ];
-        if name == "moe_combine_norm_v8" {
-            args.push(&mixp);
-        }
-        // SAFETY: moe_combine_norm(x, ys, w, k, d, sh, sh_logit, norm_w,
-        // eps, h, q, qd), moe_combine_norm_v8 the same plus mix, with 8 *
-        // block >= d and d % 8 == 0 (v8_block); x, h, norm_w hold d floats,
-        // ys k*d, w k, q/qd d values with d % 32 == 0, mix (null when not
-        // given; only the v8 kernel, checked above) d floats; one block.
-        return unsafe { gpu.launch(name, cfg((1, 1), block), &args) };
+        let args = MoeCombineNormArgs {
+            x: p[0],
+            ys: p[1],
+            w: p[2],
+            sh: p[3],
+            sh_logit: p[4],
+            norm_w: dptr(gpu, Some(n.w)),
+            h: dptr(gpu, Some(n.h)),
+            q,
+            qd,
+            mix: mixp,
+            k: k_i,
+            d: d_i,
+            eps: n.eps,
+            pad: 0,
+        };
+        // SAFETY: moe_combine_norm[_v8](MoeCombineNormArgs) by value (the
+        // struct mirrors the kernels'), the v8 kernel with 8 * block >= d
+        // and d % 8 == 0 (v8_block); x, h, norm_w hold d floats, ys k*d, w
+        // k, q/qd d values with d % 32 == 0, mix (null when not given; only
+        // with the v8 kernel, checked above) d floats; one block.
+        return unsafe { gpu.launch(name, cfg((1, 1), block), &[&args]) };
     }
     // SAFETY: moe_combine(x, ys, w, k, d, sh, sh_logit); sizes checked above.
     unsafe {
@@ -128,5 +164,26 @@ pub fn moe_combine(
             cfg(((d as u32).div_ceil(256), 1), 256),
             &[&p[0], &p[1], &p[2], &k_i, &d_i, &p[3], &p[4]],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The struct the combine-and-norm kernels read by value: 10
+    /// pointers, 2 i32, an f32 and the pad = 96 bytes (the `.cu` asserts
+    /// the same size), each field at the offset C gives the same
+    /// declaration.
+    #[test]
+    fn moe_combine_norm_args_layout_matches_the_kernel_struct() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(size_of::<MoeCombineNormArgs>(), 96);
+        assert_eq!(align_of::<MoeCombineNormArgs>(), 8);
+        assert_eq!(offset_of!(MoeCombineNormArgs, norm_w), 40);
+        assert_eq!(offset_of!(MoeCombineNormArgs, mix), 72);
+        assert_eq!(offset_of!(MoeCombineNormArgs, k), 80);
+        assert_eq!(offset_of!(MoeCombineNormArgs, eps), 88);
+        assert_eq!(offset_of!(MoeCombineNormArgs, pad), 92);
     }
 }

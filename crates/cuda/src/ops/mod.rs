@@ -18,18 +18,22 @@ mod elementwise;
 mod norm;
 mod router;
 
-pub use attention::{attention, default_nsplit, f16_round, AttnDims, AttnScratch, KvCache, KvType};
-pub use attn_prep::attn_prep;
+pub use attention::{
+    attention, default_nsplit, f16_round, AttnDims, AttnMergeArgs, AttnScratch, AttnSplitArgs,
+    KvCache, KvType,
+};
+pub use attn_prep::{attn_prep, AttnPrepArgs};
 pub use chunk::{
     add_bias_rows, attn_chunk, attn_prep_chunk, flash_smem_bytes, gdn_chunk, gdn_chunk_split,
-    moe_combine_chunk, router_topk_chunk, GdnChunkScratch, Rows, SharedRows, FLASH_ROWS,
+    moe_combine_chunk, router_topk_chunk, AttnChunkArgs, GdnChunkScratch, GdnRecurArgs,
+    MoeCombineChunkArgs, Rows, SharedRows, FLASH_ROWS,
 };
 pub use deltanet::{gdn_step, GdnDims, GdnWeights, GDN_THREADS};
-pub use elementwise::{add_inplace, moe_combine, swiglu, NextNorm};
-pub use norm::{rms_norm, v8_block};
+pub use elementwise::{add_inplace, moe_combine, swiglu, MoeCombineNormArgs, NextNorm};
+pub use norm::{rms_norm, v8_block, RmsNormArgs};
 pub use router::{
     router_gemv_topk, router_gemv_topk_fits, router_in_norm_fits, router_topk, InNorm, Route,
-    ROUTER_MAX_N,
+    RouterGemvArgs, ROUTER_MAX_N,
 };
 
 use crate::device::{dptr, Gpu};

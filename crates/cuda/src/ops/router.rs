@@ -6,7 +6,7 @@ use super::q8ptrs;
 use crate::device::{at_ptr, cfg, dptr, i32_of, At, Gpu};
 use crate::error::{ensure, Result};
 use crate::gemv::Q8Vec;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// Router softmax + top-k over `n` logits: chosen experts (ascending),
 /// their slots (`slot_of` None: identity) and weights.
@@ -54,6 +54,38 @@ pub fn router_topk(
 /// Most logits the device top-k takes (`ROUTER_MAX_N` in router.cu).
 pub const ROUTER_MAX_N: usize = 1024;
 
+/// The argument struct of `router_gemv_topk` (`RouterGemvArgs` in
+/// `kernels/router.cu`: same field order and types, device addresses as
+/// u64; the `.cu` asserts the size).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RouterGemvArgs {
+    pub w: u64,
+    pub x: u64,
+    pub logits: u64,
+    pub counter: u64,
+    pub slot_of: u64,
+    pub slots_out: u64,
+    pub experts_out: u64,
+    pub w_out: u64,
+    pub resid: u64,
+    pub mix: u64,
+    pub norm_w: u64,
+    pub hq: u64,
+    pub hqd: u64,
+    pub rows: i32,
+    pub cols: i32,
+    pub n: i32,
+    pub k: i32,
+    pub norm: i32,
+    pub eps: f32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers and a float, passed to
+// the kernel by value as the `RouterGemvArgs` it mirrors (offsets checked
+// in the tests, the size by a static_assert in the `.cu`).
+unsafe impl DeviceRepr for RouterGemvArgs {}
+
 /// The router GEMV and [`router_topk`] in one launch
 /// (`router_gemv_topk`): `logits = W x` over all rows of the f32 matrix
 /// `w` (the router's `n` rows first, then any stacked rows), then the
@@ -91,8 +123,23 @@ pub fn router_gemv_topk(
     ensure!(!counter.is_empty() && slots.len() >= k && experts.len() >= k && w_out.len() >= k);
     let threads = n.div_ceil(RG_THREADS_PER_ROW) * RG_THREADS_PER_ROW;
     let blocks = w.rows.div_ceil(threads / RG_THREADS_PER_ROW);
-    let mut np = [0u64; 5];
-    let mut eps = 0f32;
+    let mut args = RouterGemvArgs {
+        w: dptr(gpu, Some(&w.buf)),
+        x: dptr(gpu, Some(x)),
+        logits: dptr(gpu, Some(logits)),
+        counter: dptr(gpu, Some(counter)),
+        // no slot table: slot = expert
+        slot_of: 0,
+        slots_out: dptr(gpu, Some(slots)),
+        experts_out: dptr(gpu, Some(experts)),
+        w_out: dptr(gpu, Some(w_out)),
+        rows: i32_of(w.rows)?,
+        cols: i32_of(w.cols)?,
+        n: n as i32,
+        k: k as i32,
+        norm: norm as i32,
+        ..Default::default()
+    };
     if let Some(nm) = &in_norm {
         ensure!(
             router_in_norm_fits(w.cols, n),
@@ -101,34 +148,19 @@ pub fn router_gemv_topk(
         );
         ensure!(nm.resid.len() >= w.cols && nm.mix.len() >= w.cols && nm.w.len() >= w.cols);
         ensure!(nm.q8.is_none_or(|q| q.n >= w.cols));
-        let (qp, qdp) = q8ptrs(gpu, nm.q8);
-        np = [
-            dptr(gpu, Some(nm.resid)),
-            dptr(gpu, Some(nm.mix)),
-            dptr(gpu, Some(nm.w)),
-            qp,
-            qdp,
-        ];
-        eps = nm.eps;
+        (args.hq, args.hqd) = q8ptrs(gpu, nm.q8);
+        args.resid = dptr(gpu, Some(nm.resid));
+        args.mix = dptr(gpu, Some(nm.mix));
+        args.norm_w = dptr(gpu, Some(nm.w));
+        args.eps = nm.eps;
     }
-    let p: [u64; 7] = [
-        dptr(gpu, Some(&w.buf)),
-        dptr(gpu, Some(x)),
-        dptr(gpu, Some(logits)),
-        dptr(gpu, Some(counter)),
-        dptr(gpu, Some(slots)),
-        dptr(gpu, Some(experts)),
-        dptr(gpu, Some(w_out)),
-    ];
-    let (rows, cols) = (i32_of(w.rows)?, i32_of(w.cols)?);
-    let (n_i, k_i, norm_i, no_table) = (n as i32, k as i32, norm as i32, 0u64);
-    // SAFETY: router_gemv_topk(w, x, rows, cols, logits, counter, n, k,
-    // norm, slot_of, slots_out, experts_out, w_out): w holds rows x cols
-    // f32 (cols % 4 == 0: 16-byte row starts), x cols floats, logits rows
-    // floats, counter a word that every launch leaves at 0, the outputs k
-    // entries (checked above); no slot table (slot = expert). The block
-    // has 128 * ceil(n / 128) <= 1024 threads (its launch bound), at least
-    // one per logit, and the grid covers every row. With the fused norm
+    // SAFETY: router_gemv_topk(RouterGemvArgs) by value (the struct
+    // mirrors the kernel's): w holds rows x cols f32 (cols % 4 == 0:
+    // 16-byte row starts), x cols floats, logits rows floats, counter a
+    // word that every launch leaves at 0, the outputs k entries (checked
+    // above); no slot table (slot = expert). The block has 128 *
+    // ceil(n / 128) <= 1024 threads (its launch bound), at least one per
+    // logit, and the grid covers every row. With the fused norm
     // (router_in_norm_fits: cols % 32 == 0, cols <= 8 * threads and <= the
     // kernel's 4096-float shared buffer) resid, mix and norm_w hold cols
     // floats and q8 (when given) cols values; else those pointers are null.
@@ -136,10 +168,7 @@ pub fn router_gemv_topk(
         gpu.launch(
             "router_gemv_topk",
             cfg((blocks as u32, 1), threads as u32),
-            &[
-                &p[0], &p[1], &rows, &cols, &p[2], &p[3], &n_i, &k_i, &norm_i, &no_table, &p[4],
-                &p[5], &p[6], &np[0], &np[1], &np[2], &eps, &np[3], &np[4],
-            ],
+            &[&args],
         )
     }
 }
@@ -185,6 +214,21 @@ pub struct Route {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The struct router_gemv_topk reads by value: 13 pointers, 5 i32 and
+    /// an f32 = 128 bytes (the `.cu` asserts the same size), each field at
+    /// the offset C gives the same declaration.
+    #[test]
+    fn router_gemv_args_layout_matches_the_kernel_struct() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(size_of::<RouterGemvArgs>(), 128);
+        assert_eq!(align_of::<RouterGemvArgs>(), 8);
+        assert_eq!(offset_of!(RouterGemvArgs, slot_of), 32);
+        assert_eq!(offset_of!(RouterGemvArgs, hqd), 96);
+        assert_eq!(offset_of!(RouterGemvArgs, rows), 104);
+        assert_eq!(offset_of!(RouterGemvArgs, norm), 120);
+        assert_eq!(offset_of!(RouterGemvArgs, eps), 124);
+    }
 
     /// router_gemv_topk's fused input norm: 8 values a thread of its
     /// 128·ceil(n/128)-thread block, whole 32-value groups, at most its

@@ -6,6 +6,7 @@ pub mod common;
 pub mod limits;
 pub mod qwen2;
 pub mod qwen3next;
+pub mod qwen3next_mtp;
 
 use crate::blocks::moe::Route;
 use crate::exec::Exec;

@@ -16,6 +16,7 @@ use super::common::{self, Meta};
 use super::limits::{
     self, MAX_CONTEXT, MAX_CONV_KERNEL, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM, MAX_LAYERS, MAX_WIDTH,
 };
+use super::qwen3next_mtp::MtpHead;
 use crate::blocks::attention::{self, AttnParams, AttnWeights};
 use crate::blocks::deltanet::{self, DeltaNetParams, DeltaNetWeights, InProj};
 use crate::blocks::moe::{DenseFfn, ExpertsGateUp, MoeWeights, Route};
@@ -34,7 +35,11 @@ use redlite_gguf::GgufFile;
 /// The hyper-parameters, all from metadata.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// Trunk layers: `block_count` less the NextN (MTP) blocks after them.
     pub n_layer: usize,
+    /// NextN (MTP) blocks after the trunk (`nextn_predict_layers`, 0 when
+    /// the file has none); their blocks are `blk.{n_layer}..`.
+    pub n_nextn: usize,
     pub n_embd: usize,
     pub n_vocab: usize,
     pub context_length: usize,
@@ -64,12 +69,35 @@ impl Config {
     /// anything is sized from them; tensor shapes are checked at load.
     pub fn from_gguf(file: &GgufFile) -> Result<Config, ModelError> {
         let m = Meta::new(file.metadata(), "qwen3next");
-        let n_layer = m.size("block_count", 1, MAX_LAYERS)?;
-        limits::check_layers(file, &m.key("block_count"), n_layer)?;
+        let n_block = m.size("block_count", 1, MAX_LAYERS)?;
+        limits::check_layers(file, &m.key("block_count"), n_block)?;
+        // llama.cpp's converter appends the checkpoint's MTP block(s) as
+        // NextN layers after the trunk (unless given `--no-mtp`) and counts
+        // them in `block_count`; the trunk is what precedes them.
+        let n_nextn = m.size_or("nextn_predict_layers", 0, 0, n_block)?;
+        if n_nextn >= n_block {
+            return Err(m.bad(
+                "nextn_predict_layers",
+                format!("{n_nextn} NextN (MTP) layers of {n_block} blocks leave no trunk layer (MTP-only files are not supported: load the full model)"),
+            ));
+        }
+        let n_layer = n_block - n_nextn;
         let n_embd = m.size("embedding_length", 1, MAX_WIDTH)?;
         let n_head = m.size("attention.head_count", 1, MAX_HEADS)?;
         let head_dim = m.size_or("attention.key_length", n_embd / n_head, 1, MAX_HEAD_DIM)?;
         let recurrent = match m.bool_array("attention.recurrent_layers")? {
+            // The converter writes one entry per block, NextN blocks
+            // included (false: they are full attention).
+            Some(mut v) if v.len() == n_block && n_nextn > 0 => {
+                if let Some(j) = v[n_layer..].iter().position(|&r| r) {
+                    return Err(m.bad(
+                        "attention.recurrent_layers",
+                        format!("marks block {} recurrent, but it is a NextN (MTP) block, which is full attention", n_layer + j),
+                    ));
+                }
+                v.truncate(n_layer);
+                v
+            }
             Some(v) => v,
             None => {
                 let iv = m
@@ -81,7 +109,10 @@ impl Config {
         if recurrent.len() != n_layer {
             return Err(m.bad(
                 "attention.recurrent_layers",
-                format!("has {} entries for {n_layer} layers", recurrent.len()),
+                format!(
+                    "has {} entries for {n_layer} trunk layers ({n_block} blocks, {n_nextn} NextN)",
+                    recurrent.len()
+                ),
             ));
         }
         let n_v_heads = m.size("ssm.time_step_rank", 1, MAX_HEADS)?;
@@ -137,6 +168,7 @@ impl Config {
         )?;
         let c = Config {
             n_layer,
+            n_nextn,
             n_embd,
             n_vocab: common::vocab_size(file, n_embd)?,
             context_length: m.size_or("context_length", 4096, 1, MAX_CONTEXT)?,
@@ -237,12 +269,19 @@ pub struct Qwen3Next {
     pub tok_embd: Weight,
     pub output_norm: Vec<f32>,
     pub output: Weight,
+    /// The trunk: what a forward runs.
     pub layers: Vec<Layer>,
-    attn: AttnParams,
+    /// The NextN (MTP) blocks, a draft head each; not part of the trunk.
+    pub mtp: Vec<MtpHead>,
+    pub(super) attn: AttnParams,
     dn: DeltaNetParams,
 }
 
-fn load_attention(f: &GgufFile, c: &Config, i: usize) -> Result<AttnWeights, ModelError> {
+pub(super) fn load_attention(
+    f: &GgufFile,
+    c: &Config,
+    i: usize,
+) -> Result<AttnWeights, ModelError> {
     let (d, hd) = (c.n_embd, c.head_dim);
     Ok(AttnWeights {
         wq: Weight::require(f, S::req(blk(i, "attn_q.weight"), &[d, hd * c.n_head * 2]))?,
@@ -293,7 +332,7 @@ fn load_deltanet(
     })
 }
 
-fn load_ffn(f: &GgufFile, c: &Config, i: usize) -> Result<Ffn, ModelError> {
+pub(super) fn load_ffn(f: &GgufFile, c: &Config, i: usize) -> Result<Ffn, ModelError> {
     let (d, e, ff) = (c.n_embd, c.n_expert, c.ff_expert);
     let router = Weight::load(f, &S::opt(blk(i, "ffn_gate_inp.weight"), &[d, e]))?;
     let Some(router) = router else {
@@ -354,6 +393,9 @@ impl Qwen3Next {
             });
         }
         let (tok_embd, output_norm, output) = common::load_embd_head(f, d, c.n_vocab)?;
+        let mtp = (c.n_layer..c.n_layer + c.n_nextn)
+            .map(|b| MtpHead::load(f, &c, b))
+            .collect::<Result<Vec<_>, _>>()?;
         let m = Qwen3Next {
             attn: c.attention(),
             dn,
@@ -362,6 +404,7 @@ impl Qwen3Next {
             output_norm,
             output,
             layers,
+            mtp,
         };
         m.check_types()?;
         Ok(m)
@@ -369,7 +412,12 @@ impl Qwen3Next {
 
     fn check_types(&self) -> Result<(), ModelError> {
         let mut ws: Vec<&Weight> = vec![&self.output];
-        for l in &self.layers {
+        for h in &self.mtp {
+            ws.push(&h.eh_proj);
+            ws.extend(h.head.iter());
+        }
+        let mtp_layers = self.mtp.iter().map(|h| &h.layer);
+        for l in self.layers.iter().chain(mtp_layers) {
             match &l.mixer {
                 Mixer::Attention(a) => ws.extend([&a.wq, &a.wk, &a.wv, &a.wo]),
                 Mixer::DeltaNet(n) => {
