@@ -203,7 +203,63 @@ pub struct Speculator<D: Drafter> {
     /// The next token when the last pass already chose it (a rejected
     /// draft's replacement).
     carry: Option<u32>,
+    /// Whether speculation is paying here (see [`Payoff`]).
+    payoff: Payoff,
     pub stats: SpecStats,
+}
+
+/// Whether verify passes pay on this backend and this text, measured as the
+/// run goes: seconds per emitted token of plain steps and of speculative
+/// steps (drafting, the pass, the rollback), as moving averages. While the
+/// speculative steps cost more per token than plain ones, the speculator
+/// takes plain steps, 1, 2, 4, … up to [`MAX_BACKOFF`] at a time, probing in
+/// between. Text that does not repeat itself yields passes of two or three
+/// tokens, which on two CPU cores cost more than decoding them; a GPU
+/// verify pass costs k + 1 decode steps. Only which steps speculate
+/// depends on the timing: the tokens never do.
+#[derive(Clone, Copy, Debug, Default)]
+struct Payoff {
+    plain: Option<f64>,
+    spec: Option<f64>,
+    cooldown: usize,
+    backoff: usize,
+}
+
+/// The longest run of plain steps between probes.
+const MAX_BACKOFF: usize = 16;
+
+impl Payoff {
+    fn record(avg: &mut Option<f64>, secs_per_token: f64) {
+        *avg = Some(match *avg {
+            None => secs_per_token,
+            Some(a) => 0.7 * a + 0.3 * secs_per_token,
+        });
+    }
+
+    /// Whether to draft this step (false: a plain step).
+    fn draft_now(&mut self) -> bool {
+        if self.cooldown > 0 {
+            self.cooldown -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// After a speculative step: back off while it costs more per token.
+    fn after_spec(&mut self, secs: f64, tokens: usize) {
+        Self::record(&mut self.spec, secs / tokens.max(1) as f64);
+        match (self.plain, self.spec) {
+            (Some(p), Some(s)) if s > p => {
+                self.backoff = (self.backoff * 2).clamp(1, MAX_BACKOFF);
+                self.cooldown = self.backoff;
+            }
+            (None, _) => {
+                // No plain step measured yet: take one to compare.
+                self.cooldown = 1;
+            }
+            _ => self.backoff = 0,
+        }
+    }
 }
 
 impl<D: Drafter> Speculator<D> {
@@ -214,6 +270,7 @@ impl<D: Drafter> Speculator<D> {
             opts,
             draft_len,
             carry: None,
+            payoff: Payoff::default(),
             stats: SpecStats::default(),
         }
     }
@@ -253,7 +310,8 @@ impl<D: Drafter> Speculator<D> {
         }
         let room = seq.ctx_len().saturating_sub(seq.pos() + 1);
         let max = self.draft_len.min(budget - 1).min(room);
-        let draft = if max > 0 {
+        let t0 = std::time::Instant::now();
+        let draft = if max > 0 && (!self.opts.adaptive || self.payoff.draft_now()) {
             self.drafter.draft(history, max)
         } else {
             Vec::new()
@@ -261,6 +319,7 @@ impl<D: Drafter> Speculator<D> {
         if draft.is_empty() || draft.len() < self.opts.draft_min {
             self.stats.plain += 1;
             *logits = seq.prefill(&[next], Logits::Last)?;
+            Payoff::record(&mut self.payoff.plain, t0.elapsed().as_secs_f64());
             self.drafter.observe(seq, &[next], 1)?;
             return Ok(Step {
                 tokens: vec![next],
@@ -313,6 +372,7 @@ impl<D: Drafter> Speculator<D> {
         self.stats.drafted += draft.len() as u64;
         self.stats.accepted += kept as u64;
         self.adapt(kept, draft.len());
+        self.payoff.after_spec(t0.elapsed().as_secs_f64(), 1 + kept);
         Ok(Step {
             tokens,
             all_run: true,
@@ -352,5 +412,40 @@ impl<D: Drafter> Speculator<D> {
     /// The drafter (its index, for inspection).
     pub fn drafter(&self) -> &D {
         &self.drafter
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payoff_backs_off_while_speculating_costs_more_and_probes_again() {
+        let mut p = Payoff::default();
+        // No plain step measured yet: one plain step to compare.
+        p.after_spec(0.010, 1);
+        assert!(!p.draft_now());
+        assert!(p.draft_now());
+        Payoff::record(&mut p.plain, 0.004);
+        // Speculative steps at 10 ms a token against plain at 4 ms: 1, 2,
+        // 4, … plain steps between probes, capped.
+        let mut runs = Vec::new();
+        for _ in 0..7 {
+            p.after_spec(0.010, 1);
+            let mut n = 0;
+            while !p.draft_now() {
+                n += 1;
+            }
+            runs.push(n);
+        }
+        assert_eq!(runs, vec![1, 2, 4, 8, 16, 16, 16]);
+        // Passes that pay (1 ms a token) end the back-off once the average
+        // has come down below the plain steps' 4 ms.
+        for _ in 0..6 {
+            while !p.draft_now() {}
+            p.after_spec(0.004, 4);
+        }
+        assert_eq!(p.backoff, 0);
+        assert!(p.draft_now());
     }
 }

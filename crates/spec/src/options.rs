@@ -44,6 +44,10 @@ pub struct SpecOptions {
     /// N-gram sizes prompt lookup matches, longest first.
     pub ngram_min: usize,
     pub ngram_max: usize,
+    /// Take plain steps while verify passes cost more per token than plain
+    /// decoding (measured as the run goes; off: draft every step, for tests
+    /// that must exercise every pass).
+    pub adaptive: bool,
 }
 
 /// The largest `--draft-max`: a verify pass of more tokens is a prompt
@@ -58,6 +62,7 @@ impl Default for SpecOptions {
             draft_min: 0,
             ngram_min: 2,
             ngram_max: 4,
+            adaptive: true,
         }
     }
 }
@@ -154,6 +159,10 @@ pub struct SpecArgs {
     /// Longest n-gram prompt lookup matches (tried first).
     #[arg(long, default_value_t = 4)]
     pub lookup_ngram_max: usize,
+    /// Draft every step, even while verify passes cost more per token than
+    /// plain decoding (by default such stretches take plain steps).
+    #[arg(long)]
+    pub spec_always: bool,
 }
 
 impl Default for SpecArgs {
@@ -166,6 +175,7 @@ impl Default for SpecArgs {
             draft_min: o.draft_min,
             lookup_ngram_min: o.ngram_min,
             lookup_ngram_max: o.ngram_max,
+            spec_always: !o.adaptive,
         }
     }
 }
@@ -178,6 +188,7 @@ impl SpecArgs {
             draft_min: self.draft_min,
             ngram_min: self.lookup_ngram_min,
             ngram_max: self.lookup_ngram_max,
+            adaptive: !self.spec_always,
         };
         o.check()?;
         Ok(o)

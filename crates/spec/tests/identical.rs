@@ -117,8 +117,11 @@ fn check_model(path: &std::path::Path, prompt: &[u32], n: usize, draft_maxes: &[
     let want = plain(&mut *seq, prompt, n);
     let name = path.file_name().unwrap().to_string_lossy();
     for &draft_max in draft_maxes {
+        // Every step drafts (no timing-based back-off): the test must run
+        // the same passes on any machine.
         let opts = SpecOptions {
             draft_max,
+            adaptive: false,
             ..Default::default()
         };
         let mut s = Speculator::new(PromptLookup::new(opts.ngram_min, opts.ngram_max), opts);
@@ -198,6 +201,7 @@ fn mtp_drafts_keep_greedy_tokens_identical() {
         let opts = SpecOptions {
             mode: redlite_spec::SpecMode::Mtp,
             draft_max,
+            adaptive: false,
             ..Default::default()
         };
         let mut s = redlite_spec::from_options(&opts, &model, 128)

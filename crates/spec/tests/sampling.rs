@@ -109,6 +109,7 @@ fn speculative_sampling_keeps_the_distribution() {
 
     let opts = SpecOptions {
         draft_max: 1,
+        adaptive: false,
         ..Default::default()
     };
     let mut counts: HashMap<u32, u64> = HashMap::new();
