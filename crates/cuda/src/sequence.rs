@@ -295,24 +295,7 @@ impl Sequence for CudaSequence {
 
     fn prefill(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
         self.verify.pending = None;
-        if tokens.is_empty() {
-            return Err(ModelError::NoTokens);
-        }
-        let ctx = self.ctx_len();
-        if self.pos() + tokens.len() > ctx {
-            return Err(ModelError::ContextOverflow {
-                pos: self.pos(),
-                n_tokens: tokens.len(),
-                ctx_len: ctx,
-            });
-        }
-        let n_vocab = self.model.n_vocab();
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(ModelError::BadToken {
-                token: bad,
-                n_vocab,
-            });
-        }
+        self.check_tokens(tokens)?;
         if self.dec.batched_prefill() && tokens.len() >= MIN_BATCHED_PREFILL {
             return self
                 .dec

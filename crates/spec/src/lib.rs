@@ -116,7 +116,7 @@ pub fn from_options(
 ) -> Result<Option<DynSpeculator>, SpecError> {
     let drafter: Box<dyn Drafter + Send> = match opts.mode {
         SpecMode::None => return Ok(None),
-        SpecMode::Lookup => Box::new(PromptLookup::new(opts.ngram_min, opts.ngram_max)),
+        SpecMode::Lookup => drafter(opts)?,
         SpecMode::Mtp => match mtp::MtpDrafter::new(model.clone(), ctx) {
             Some(d) => Box::new(d),
             None => {
