@@ -188,7 +188,7 @@ pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
         gated: true,
     };
     let nsplit = ops::default_nsplit(&a, gpu.sms);
-    for (n, ty) in [4096usize, 32768, 131072]
+    for (n, ty) in [4096usize, 16384, 65536, 131072, 262144]
         .into_iter()
         .flat_map(|n| [KvType::F32, KvType::F16].map(|t| (n, t)))
     {

@@ -93,6 +93,30 @@ pub fn reference_gemv(ty: GgmlType, gguf: &[u8], rows: usize, cols: usize, x: &[
         .collect()
 }
 
+/// [`reference_gemv`] and, per row, the dot product's condition bound
+/// sum |w_i x_i|: a product whose terms carry a relative error e each is off
+/// by at most e times that sum, whatever the cancellation in the result.
+pub fn reference_gemv_bounded(
+    ty: GgmlType,
+    gguf: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+) -> (Vec<f64>, Vec<f64>) {
+    let row_bytes = gguf.len() / rows;
+    let mut w = vec![0f32; cols];
+    (0..rows)
+        .map(|r| {
+            redlite_cpu::matmul::dequantize_into(ty, &gguf[r * row_bytes..][..row_bytes], &mut w)
+                .expect("whole blocks");
+            w.iter().zip(x).fold((0f64, 0f64), |(s, b), (&a, &c)| {
+                let t = a as f64 * c as f64;
+                (s + t, b + t.abs())
+            })
+        })
+        .unzip()
+}
+
 /// [`reference_gemv`] with an f64 activation vector (the int8 kernels'
 /// reference: x as the device quantized it, q * d exactly).
 pub fn reference_gemv_f64(
