@@ -7,15 +7,24 @@
 //! state of every DeltaNet layer; restoring copies them back into the
 //! buffers the captured graph reads, so the graph stays valid. The conv
 //! window is a ring indexed by the position, which the checkpoint carries.
+//!
+//! For a state file a checkpoint is exported to the host in the layout
+//! every backend shares and imported back ([`crate::state_image`] says
+//! what is converted): the filled KV rows as they are, the recurrent
+//! states as they are, the conv ring reordered into the CPU's window.
 
 use crate::decoder::{CudaDecoder, DecoderOptions};
 use crate::device::Gpu;
-use crate::error::{CudaError, Result};
-use crate::ops::KvCache;
+use crate::error::{bail, ensure, Context, CudaError, Result};
+use crate::ops::{KvCache, KvType};
+use crate::state_image::{ring_to_window, window_to_ring};
 use cudarc::driver::CudaSlice;
 use redlite_model::sequence::{CacheCounters, Checkpoint, Sequence, TokenProfile};
 use redlite_model::trace::TraceRecord;
-use redlite_model::{Logits, Model, ModelError};
+use redlite_model::{
+    KvData, KvElem, LayerImage, LayerShape, Logits, Model, ModelError, StateImage, StateLayout,
+};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// The CUDA backend's name in messages and checkpoints.
@@ -33,6 +42,8 @@ pub struct CudaSequence {
     model: Arc<Model>,
     dec: CudaDecoder,
     verify: VerifySlots,
+    /// The KV caches' element type (what state files hold).
+    kv_elem: KvElem,
 }
 
 /// A verify pass's DeltaNet snapshots: slot `i` holds every DeltaNet
@@ -89,10 +100,15 @@ impl CudaSequence {
     /// `opts.ctx` positions on `gpu`.
     pub fn new(gpu: Gpu, model: Arc<Model>, opts: &DecoderOptions) -> Result<CudaSequence> {
         let dec = CudaDecoder::new(gpu, &model, opts)?;
+        let kv_elem = match opts.kv_type {
+            KvType::F32 => KvElem::F32,
+            KvType::F16 => KvElem::F16,
+        };
         Ok(CudaSequence {
             model,
             dec,
             verify: VerifySlots::default(),
+            kv_elem,
         })
     }
 
@@ -190,7 +206,7 @@ impl CudaSequence {
 
     fn load(&mut self, s: &DeviceState) -> Result<()> {
         let b = self.dec.state_buffers();
-        crate::error::ensure!(
+        ensure!(
             s.ctx == b.ctx && s.kv.len() == b.kv.len() && s.gdn.len() == b.gdn.len(),
             "a checkpoint of another decoder shape ({} positions, {} attention and {} DeltaNet layers) restored into one of {} positions, {} and {}",
             s.ctx,
@@ -215,7 +231,7 @@ impl CudaSequence {
                     stream.memcpy_dtod(sk, &mut k.slice_mut(..sk.len()))?;
                     stream.memcpy_dtod(sv, &mut v.slice_mut(..sv.len()))?;
                 }
-                _ => crate::error::bail!("a checkpoint with another KV element type"),
+                _ => bail!("a checkpoint with another KV element type"),
             }
         }
         for ((ring, state), (sr, ss)) in b.gdn.into_iter().zip(&s.gdn) {
@@ -225,6 +241,159 @@ impl CudaSequence {
         b.gpu.sync()?;
         *b.pos = s.pos;
         Ok(())
+    }
+}
+
+/// Bytes a device state holds (the checkpoint's accounting).
+fn state_bytes(s: &DeviceState) -> u64 {
+    let kv: u64 =
+        s.kv.iter()
+            .flatten()
+            .map(|r| match r {
+                KvRows::F32(k, v) => 4 * (k.len() + v.len()) as u64,
+                KvRows::F16(k, v) => 2 * (k.len() + v.len()) as u64,
+            })
+            .sum();
+    let gdn: u64 = s
+        .gdn
+        .iter()
+        .map(|(r, st)| 4 * (r.len() + st.len()) as u64)
+        .sum();
+    kv + gdn
+}
+
+impl CudaSequence {
+    /// The layout of this sequence's states (the model's layers, this
+    /// sequence's KV element type).
+    fn layout(&self) -> StateLayout {
+        StateLayout::of(&self.model, self.kv_elem)
+    }
+
+    /// `s` copied to the host in the shared layout, per model layer.
+    fn export(&self, s: &DeviceState) -> Result<StateImage<'static>> {
+        let layout = self.layout();
+        let gpu = self.dec.gpu();
+        let stream = &gpu.stream;
+        // Finish whatever still writes the buffers (the checkpoint's copies).
+        gpu.sync()?;
+        let (mut kv, mut gdn) = (s.kv.iter(), s.gdn.iter());
+        let mut layers = Vec::with_capacity(layout.layers.len());
+        for (i, shape) in layout.layers.iter().enumerate() {
+            layers.push(match *shape {
+                LayerShape::Kv { .. } => {
+                    let rows = kv.next().with_context(|| {
+                        format!("layer {i}: the checkpoint has fewer attention layers than the model")
+                    })?;
+                    let (k, v) = match (rows, self.kv_elem) {
+                        (None, KvElem::F32) => (KvData::F32(Cow::Owned(Vec::new())), KvData::F32(Cow::Owned(Vec::new()))),
+                        (None, KvElem::F16) => (KvData::F16(Cow::Owned(Vec::new())), KvData::F16(Cow::Owned(Vec::new()))),
+                        (Some(KvRows::F32(k, v)), KvElem::F32) => (
+                            KvData::F32(Cow::Owned(stream.clone_dtoh(k)?)),
+                            KvData::F32(Cow::Owned(stream.clone_dtoh(v)?)),
+                        ),
+                        (Some(KvRows::F16(k, v)), KvElem::F16) => (
+                            KvData::F16(Cow::Owned(stream.clone_dtoh(k)?)),
+                            KvData::F16(Cow::Owned(stream.clone_dtoh(v)?)),
+                        ),
+                        _ => bail!("layer {i}: a checkpoint with another KV element type than the sequence's {}", self.kv_elem.name()),
+                    };
+                    LayerImage::Kv { k, v }
+                }
+                LayerShape::Recurrent { conv, .. } => {
+                    let (ring, state) = gdn.next().with_context(|| {
+                        format!("layer {i}: the checkpoint has fewer DeltaNet layers than the model")
+                    })?;
+                    let ring = stream.clone_dtoh(ring)?;
+                    let ssm = stream.clone_dtoh(state)?;
+                    LayerImage::Recurrent {
+                        conv: Cow::Owned(
+                            ring_to_window(&ring, conv, s.pos)
+                                .map_err(|e| e.context(format!("layer {i}")))?,
+                        ),
+                        ssm: Cow::Owned(ssm),
+                    }
+                }
+            });
+        }
+        ensure!(
+            kv.next().is_none() && gdn.next().is_none(),
+            "the checkpoint has more layers than the model"
+        );
+        gpu.sync()?;
+        let image = StateImage { pos: s.pos, layers };
+        image
+            .check(&layout)
+            .map_err(|e| CudaError::Invalid(format!("the exported state: {e}")))?;
+        Ok(image)
+    }
+
+    /// A device state from a host image, checked against the model's
+    /// layout, this sequence's KV type and its context first.
+    fn import(&self, image: StateImage<'_>) -> Result<DeviceState> {
+        let layout = self.layout();
+        image
+            .check(&layout)
+            .map_err(|e| CudaError::Invalid(format!("the state does not fit this model: {e}")))?;
+        let ctx = self.dec.ctx();
+        ensure!(
+            image.pos <= ctx,
+            "a state of {} positions does not fit a context of {ctx}",
+            image.pos
+        );
+        let (n_attn, dims) = self.dec.state_shapes();
+        let n_kv_layers = layout
+            .layers
+            .iter()
+            .filter(|l| matches!(l, LayerShape::Kv { .. }))
+            .count();
+        ensure!(
+            n_attn == n_kv_layers && dims.len() == layout.layers.len() - n_kv_layers,
+            "the decoder has {n_attn} attention and {} DeltaNet layers, the state {n_kv_layers} and {}",
+            dims.len(),
+            layout.layers.len() - n_kv_layers
+        );
+        let gpu = self.dec.gpu();
+        let stream = &gpu.stream;
+        let pos = image.pos;
+        let mut dims = dims.iter();
+        let (mut kv, mut gdn) = (Vec::new(), Vec::new());
+        for (i, l) in image.layers.iter().enumerate() {
+            match l {
+                LayerImage::Kv { k, v } => kv.push(match (k, v) {
+                    _ if k.is_empty() => None,
+                    (KvData::F32(k), KvData::F32(v)) => Some(KvRows::F32(
+                        stream.clone_htod(&k[..])?,
+                        stream.clone_htod(&v[..])?,
+                    )),
+                    (KvData::F16(k), KvData::F16(v)) => Some(KvRows::F16(
+                        stream.clone_htod(&k[..])?,
+                        stream.clone_htod(&v[..])?,
+                    )),
+                    // check() above holds both to the layout's type.
+                    _ => bail!("layer {i}: K and V rows of different types"),
+                }),
+                LayerImage::Recurrent { conv, ssm } => {
+                    let d = dims
+                        .next()
+                        .context("more DeltaNet layers than the decoder")?;
+                    ensure!(
+                        conv.len() == (d.conv_kernel - 1) * d.conv_dim()
+                            && ssm.len() == d.state_len(),
+                        "layer {i}: a DeltaNet state of {} + {} values, the decoder's is {} + {}",
+                        conv.len(),
+                        ssm.len(),
+                        (d.conv_kernel - 1) * d.conv_dim(),
+                        d.state_len()
+                    );
+                    let ring = window_to_ring(conv, d.conv_kernel, pos)
+                        .map_err(|e| e.context(format!("layer {i}")))?;
+                    gdn.push((stream.clone_htod(&ring)?, stream.clone_htod(&ssm[..])?));
+                }
+            }
+        }
+        // The host buffers must outlive the copies.
+        gpu.sync()?;
+        Ok(DeviceState { ctx, pos, kv, gdn })
     }
 }
 
@@ -341,6 +510,24 @@ impl Sequence for CudaSequence {
         let s: &DeviceState = checkpoint.state(CUDA)?;
         self.verify.pending = None;
         self.load(s).map_err(backend_err)
+    }
+
+    fn kv_elem(&self) -> KvElem {
+        self.kv_elem
+    }
+
+    fn export_checkpoint<'a>(
+        &self,
+        checkpoint: &'a Checkpoint,
+    ) -> Result<StateImage<'a>, ModelError> {
+        let s: &DeviceState = checkpoint.state(CUDA)?;
+        self.export(s).map_err(backend_err)
+    }
+
+    fn import_checkpoint(&self, image: StateImage<'_>) -> Result<Checkpoint, ModelError> {
+        let s = self.import(image).map_err(backend_err)?;
+        let bytes = state_bytes(&s);
+        Ok(Checkpoint::new(CUDA, s.pos, bytes, Box::new(s)))
     }
 
     fn skip_to(&mut self, pos: usize) -> Result<(), ModelError> {
