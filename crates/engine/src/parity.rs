@@ -1,9 +1,10 @@
 //! Two sequences against each other (any two backends, or two paths of
 //! one): the logits of every teacher-forced step (max |Δlogit|, KL,
-//! argmax), the chosen experts, then the greedy tokens of each.
+//! argmax), the chosen experts, then the greedy tokens of each; a state
+//! carried from one to the other ([`state_handoff`]).
 
 use redlite_model::sequence::Sequence;
-use redlite_model::ModelError;
+use redlite_model::{KvData, LayerImage, ModelError, StateImage};
 
 /// One step's comparison of two logit vectors.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -266,6 +267,119 @@ pub fn verify_roundtrip(
         }
     }
     Ok((differing, compared))
+}
+
+/// A state carried from one sequence to another through the image every
+/// backend shares (what a state file holds between two runs).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Handoff {
+    /// Greedy tokens on `to` continuing from `from`'s state after the
+    /// prompt, the first one from `from`'s last logits (as a loaded file
+    /// gives them).
+    pub loaded: Vec<u32>,
+    /// Greedy tokens of `to`'s own straight run of the prompt.
+    pub straight: Vec<u32>,
+    /// Per layer: max |Δ| between `from`'s exported image and `to`'s own
+    /// after the same prompt, and the largest |value| in `to`'s (a layout
+    /// difference between the backends shows as a Δ of the values' size;
+    /// rounding differences stay far below it).
+    pub layer_diffs: Vec<(f64, f64)>,
+}
+
+/// Widened K or V values of an image layer.
+fn kv_f32(d: &KvData<'_>) -> Vec<f32> {
+    match d {
+        KvData::F32(v) => v.to_vec(),
+        KvData::F16(v) => v
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect(),
+    }
+}
+
+/// (max |a - b|, max |b|); infinite where the lengths differ.
+fn max_diff(a: &[f32], b: &[f32]) -> (f64, f64) {
+    if a.len() != b.len() {
+        return (f64::INFINITY, 0.0);
+    }
+    a.iter().zip(b).fold((0f64, 0f64), |(d, m), (&x, &y)| {
+        let dx = (x as f64 - y as f64).abs();
+        (
+            d.max(if dx.is_nan() { f64::INFINITY } else { dx }),
+            m.max((y as f64).abs()),
+        )
+    })
+}
+
+/// Per layer (max |Δ|, max |value| of `b`) between two images.
+fn image_diffs(a: &StateImage<'_>, b: &StateImage<'_>) -> Vec<(f64, f64)> {
+    a.layers
+        .iter()
+        .zip(&b.layers)
+        .map(|(x, y)| match (x, y) {
+            (LayerImage::Kv { k: ka, v: va }, LayerImage::Kv { k: kb, v: vb }) => {
+                let (dk, mk) = max_diff(&kv_f32(ka), &kv_f32(kb));
+                let (dv, mv) = max_diff(&kv_f32(va), &kv_f32(vb));
+                (dk.max(dv), mk.max(mv))
+            }
+            (
+                LayerImage::Recurrent { conv: ca, ssm: sa },
+                LayerImage::Recurrent { conv: cb, ssm: sb },
+            ) => {
+                let (dc, mc) = max_diff(ca, cb);
+                let (ds, ms) = max_diff(sa, sb);
+                (dc.max(ds), mc.max(ms))
+            }
+            _ => (f64::INFINITY, 0.0),
+        })
+        .collect()
+}
+
+/// `from` prefills `prompt` and exports its checkpoint; `to` runs the
+/// prompt straight (its image kept for the comparison) and `n` greedy
+/// tokens, then imports `from`'s image, restores it and decodes `n` greedy
+/// tokens from there. Both sequences are reset first. An image `to`
+/// refuses (another model's layout, another KV type, a context too small)
+/// is the error.
+pub fn state_handoff(
+    from: &mut dyn Sequence,
+    to: &mut dyn Sequence,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Handoff, ModelError> {
+    if prompt.is_empty() {
+        return Err(ModelError::NoTokens);
+    }
+    let greedy = |seq: &mut dyn Sequence, mut l: Vec<f32>| -> Result<Vec<u32>, ModelError> {
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let t = argmax(&l) as u32;
+            out.push(t);
+            if i + 1 < n {
+                l = seq.decode(t)?;
+            }
+        }
+        Ok(out)
+    };
+    from.reset()?;
+    let lf = from.prefill(prompt, redlite_model::Logits::Last)?;
+    let cf = from.checkpoint()?;
+    let image = from.export_checkpoint(&cf)?;
+    to.reset()?;
+    let lt = to.prefill(prompt, redlite_model::Logits::Last)?;
+    let ct = to.checkpoint()?;
+    let own = to.export_checkpoint(&ct)?;
+    let layer_diffs = image_diffs(&image, &own);
+    drop(own);
+    let straight = greedy(to, lt)?;
+    let cp = to.import_checkpoint(image)?;
+    to.restore(&cp)?;
+    let loaded = greedy(to, lf)?;
+    Ok(Handoff {
+        loaded,
+        straight,
+        layer_diffs,
+    })
 }
 
 #[cfg(test)]

@@ -53,3 +53,82 @@ fn the_gpu_sequence_matches_the_cpu_engine_on_the_tiny_fixtures() {
         assert!(moved, "{name}: the detour did not move the state");
     }
 }
+
+/// A state carried between the GPU and the CPU through the shared image
+/// (what `--save-state` / `--load-state` write and read): the receiving
+/// backend continues with its own straight run's greedy tokens (the CPU
+/// reference path and the GPU's f32 path agree on every argmax of these
+/// fixtures, the test above), and the two backends' images after the same
+/// prompt agree per layer to rounding (a row, head, window or transposition
+/// mix-up would differ by the values' own size). With f16 KV the GPU's
+/// image round-trips on the GPU, and the CPU (f32 rows) refuses it.
+#[test]
+fn a_state_carries_between_the_gpu_and_the_cpu_on_the_tiny_fixtures() {
+    use redlite_engine::parity::state_handoff;
+    use redlite_engine::KvType;
+    if let Err(e) = redlite_cuda::Gpu::new(0) {
+        eprintln!("skipped: no CUDA GPU here ({e:#})");
+        return;
+    }
+    redlite_quant::set_reference_mode(redlite_quant::ReferenceMode::F32);
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/qwen3next"
+    );
+    let gpu_f32 = BackendOptions {
+        device: Device::Cuda,
+        activations: Activations::F32,
+        kv_type: Some(KvType::F32),
+        ..Default::default()
+    };
+    let gpu_f16 = BackendOptions {
+        kv_type: Some(KvType::F16),
+        ..gpu_f32.clone()
+    };
+    let prompt: Vec<u32> = (0..16).map(|i| (i * 37 + 11) % 512).collect();
+    for name in ["q8_0", "q4_k_m", "iq2_xxs"] {
+        let path = format!("{dir}/tiny-qwen3next-{name}.gguf");
+        let mut cpu = engine(&path, true, &BackendOptions::default(), 40);
+        let mut gpu = engine(&path, true, &gpu_f32, 40);
+        let (mut c, mut g) = (cpu.open_sequence(0).unwrap(), gpu.open_sequence(0).unwrap());
+        for (dir, h) in [
+            (
+                "gpu -> cpu",
+                state_handoff(&mut *g, &mut *c, &prompt, 12).unwrap(),
+            ),
+            (
+                "cpu -> gpu",
+                state_handoff(&mut *c, &mut *g, &prompt, 12).unwrap(),
+            ),
+        ] {
+            assert_eq!(h.loaded, h.straight, "{name} {dir}");
+            for (i, &(d, m)) in h.layer_diffs.iter().enumerate() {
+                assert!(m > 0.0, "{name} {dir}: layer {i} is all zeros");
+                assert!(
+                    d <= 1e-3 * m.max(1.0),
+                    "{name} {dir}: layer {i}: max |Δ| {d} of values up to {m}"
+                );
+            }
+        }
+        drop(g);
+        drop(gpu);
+        let mut gpu = engine(&path, true, &gpu_f16, 40);
+        let mut g = gpu.open_sequence(0).unwrap();
+        let mut g2 = gpu.open_sequence(0).unwrap();
+        let h = state_handoff(&mut *g, &mut *g2, &prompt, 12).unwrap();
+        assert_eq!(h.loaded, h.straight, "{name}: f16 KV on the GPU");
+        assert!(
+            h.layer_diffs.iter().all(|&(d, _)| d == 0.0),
+            "{name}: {:?}",
+            h.layer_diffs
+        );
+        let e = state_handoff(&mut *g, &mut *c, &prompt, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("f16"), "{name}: an f16 image on the CPU: {e}");
+        let e = state_handoff(&mut *c, &mut *g, &prompt, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("f32"), "{name}: an f32 image on an f16 GPU: {e}");
+    }
+}
