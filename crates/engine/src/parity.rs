@@ -286,6 +286,43 @@ pub struct Handoff {
     pub layer_diffs: Vec<(f64, f64)>,
 }
 
+/// The largest per-layer |Δ| between two backends' images after the same
+/// prompt, relative to the layer's largest value (at least 1), that still
+/// counts as rounding: the GPU's batched prefill rounds its GEMM inputs to
+/// f16 (2^-11 relative), while a row, head, window or transposition mix-up
+/// moves values by their own size.
+pub const MAX_LAYER_REL: f64 = 1e-2;
+
+impl Handoff {
+    /// The worst layer's max |Δ| over its largest value (at least 1).
+    pub fn worst_rel(&self) -> f64 {
+        self.layer_diffs
+            .iter()
+            .map(|&(d, m)| d / m.max(1.0))
+            .fold(0.0, f64::max)
+    }
+
+    /// The loaded continuation is the straight run's, or parts from it no
+    /// earlier than `part`, where the two backends' own straight runs part
+    /// (a small margin; None: they agree, so no difference is allowed).
+    pub fn continues(&self, part: Option<usize>) -> bool {
+        match (first_diff(&self.loaded, &self.straight), part) {
+            (None, _) => true,
+            (Some(i), Some(p)) => i >= p,
+            (Some(_), None) => false,
+        }
+    }
+}
+
+/// The index of the first differing token (the shorter length when one is
+/// a prefix of the other; None when equal).
+pub fn first_diff(a: &[u32], b: &[u32]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or((a.len() != b.len()).then(|| a.len().min(b.len())))
+}
+
 /// Widened K or V values of an image layer.
 fn kv_f32(d: &KvData<'_>) -> Vec<f32> {
     match d {
@@ -385,6 +422,23 @@ pub fn state_handoff(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_diff_and_continues_by_hand() {
+        assert_eq!(first_diff(&[1, 2, 3], &[1, 2, 3]), None);
+        assert_eq!(first_diff(&[1, 2, 3], &[1, 5, 3]), Some(1));
+        assert_eq!(first_diff(&[1, 2], &[1, 2, 3]), Some(2));
+        let h = Handoff {
+            loaded: vec![1, 2, 9],
+            straight: vec![1, 2, 3],
+            layer_diffs: vec![(0.5, 100.0), (0.001, 0.5)],
+        };
+        assert!(!h.continues(None));
+        assert!(h.continues(Some(2)));
+        assert!(!h.continues(Some(3)));
+        // 0.5 / 100 against 0.001 / max(0.5, 1).
+        assert_eq!(h.worst_rel(), 0.005);
+    }
 
     #[test]
     fn route_comparison() {
