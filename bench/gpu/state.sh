@@ -7,7 +7,7 @@
 #                mkdir -p .bench-bin && strip -o .bench-bin/redlite target/release/redlite
 # Then, on the GPU machine with .bench-bin copied over: bash bench/gpu/state.sh
 #
-# Steps (STEPS, default "handoff big", in the order given):
+# Steps (STEPS, default "handoff serve big", in the order given):
 #   handoff  on each tiny fixture (q8_0, q4_k_m, iq2_xxs): greedy ids of a
 #            straight run on cuda and on cpu; a state saved after the prompt
 #            on cuda and loaded on cuda and on cpu; one saved on cpu and
@@ -21,11 +21,16 @@
 #            the fast path (int8 activations, f16 KV): saved and loaded on
 #            cuda against its straight run, and the cpu refusing the f16
 #            file.
+#   serve    `serve --device cuda --state-dir` on the q8_0 fixture: a
+#            prompt's state saved, the server stopped, a new one on the same
+#            directory answering a longer prompt must restore the saved state
+#            (its log, usage cached_tokens) and answer as a server that never
+#            restarted.
 #   big      the iq2 synth file (80B shapes): a BIG-position prompt (default
 #            32768) prefilled on the GPU and saved (f16 KV), then loaded:
 #            seconds, bytes and MB/s of each. The file goes to STATE_DIR
 #            (default $WORK, which is /dev/shm: memory, not a disk).
-# DEV=cpu runs the handoff step's cuda runs on the cpu (a dry run where
+# DEV=cpu runs the handoff and serve steps' cuda runs on the cpu (a dry run where
 # there is no GPU). Result lines start with "RESULT"; everything is logged
 # to $OUT/state.log.
 set -uo pipefail
@@ -135,11 +140,60 @@ handoff() {
   echo "($q: $((SECONDS - t0)) s)"
 }
 
-for s in ${STEPS:-handoff big}; do
+# serve_start LOG ARGS...: a server on $PORT (its pid in $SPID), up.
+PORT="${PORT:-18093}"
+serve_start() {
+  local log=$1; shift
+  local dev=(--device "$DEV")
+  [[ $DEV == cpu ]] && dev=()
+  "$R" serve -m "$F/tiny-qwen3next-q8_0.gguf" "${dev[@]}" -c 256 --port "$PORT" --no-warmup "$@" > "$log" 2>&1 &
+  SPID=$!
+  for _ in $(seq 120); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && return 0; sleep 0.5; done
+  echo "the server did not come up:"; tail -5 "$log"; return 1
+}
+serve_stop() { kill "$SPID"; wait "$SPID" 2> /dev/null; }
+# complete PROMPT N: "text<TAB>cached tokens" of a greedy N-token completion.
+complete() {
+  local body
+  body=$(python3 -c 'import json, sys; print(json.dumps({"model": "m", "prompt": sys.argv[1], "max_tokens": int(sys.argv[2]), "temperature": 0}))' "$1" "$2")
+  curl -sf "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' -d "$body" |
+    python3 -c 'import json, sys; v = json.load(sys.stdin); print(v["choices"][0]["text"] + "\t" + str(v["usage"]["prompt_tokens_details"]["cached_tokens"]))'
+}
+
+for s in ${STEPS:-handoff serve big}; do
   case $s in
     handoff)
       echo "== handoff ($DEV / cpu), $N greedy tokens after a 16-token prompt"
       for q in q8_0 q4_k_m iq2_xxs; do handoff "$q"; done ;;
+    serve)
+      echo "== serve ($DEV) --state-dir across a restart, q8_0 fixture"
+      D="$WORK/serve-states"; rm -rf "$D"; mkdir -p "$D"
+      p1="The quick brown fox jumps over the lazy dog. One two three four five six seven"
+      t0=$SECONDS
+      if serve_start "$WORK/serve1.log" --state-dir "$D"; then
+        # One token: nothing generated is fed back, so the saved state is
+        # the prompt's, which the longer prompt below begins with.
+        a1=$(complete "$p1" 1); serve_stop
+        p2="$p1 eight nine ten and then"
+        n=$(ls "$D" | wc -l)
+        serve_start "$WORK/serve2.log" --state-dir "$D" && { a2=$(complete "$p2" 8); serve_stop; }
+        # A server that never restarted: the same two requests, the first
+        # prompt's state kept in memory (the same computation as restored).
+        serve_start "$WORK/serve3.log" && { complete "$p1" 1 > /dev/null; a3=$(complete "$p2" 8); serve_stop; }
+        restored=$(grep -o "restored [0-9]* prompt tokens[^\"]*" "$WORK/serve2.log" | head -1)
+        echo "    first answer: ${a1%$'\t'*}"
+        echo "    after the restart: ${a2%$'\t'*} (cached ${a2##*$'\t'}; $n state files; ${restored:-nothing restored})"
+        echo "    a server that never restarted: ${a3%$'\t'*}"
+        if [[ -n $restored && ${a2##*$'\t'} -gt 0 && -n ${a3%$'\t'*} && ${a2%$'\t'*} == "${a3%$'\t'*}" ]]; then
+          echo "RESULT serve --state-dir on $DEV: restored after a restart (${restored}), answer as a server that never restarted"
+        else
+          echo "RESULT serve --state-dir on $DEV: FAIL"; fail=1
+          grep -h "state-dir" "$WORK"/serve[12].log | tail -5
+        fi
+      else
+        fail=1
+      fi
+      echo "(serve: $((SECONDS - t0)) s)" ;;
     big)
       M=$(synth_file iq2)
       echo "== big: iq2 synth file, a $BIG-position state (f16 KV) saved and loaded on cuda, file in $STATE_DIR"
