@@ -387,17 +387,6 @@ pub fn state_handoff(
     if prompt.is_empty() {
         return Err(ModelError::NoTokens);
     }
-    let greedy = |seq: &mut dyn Sequence, mut l: Vec<f32>| -> Result<Vec<u32>, ModelError> {
-        let mut out = Vec::with_capacity(n);
-        for i in 0..n {
-            let t = argmax(&l) as u32;
-            out.push(t);
-            if i + 1 < n {
-                l = seq.decode(t)?;
-            }
-        }
-        Ok(out)
-    };
     from.reset()?;
     let lf = from.prefill(prompt, redlite_model::Logits::Last)?;
     let cf = from.checkpoint()?;
@@ -408,15 +397,55 @@ pub fn state_handoff(
     let own = to.export_checkpoint(&ct)?;
     let layer_diffs = image_diffs(&image, &own);
     drop(own);
-    let straight = greedy(to, lt)?;
+    let straight = greedy_run(to, lt, n)?;
     let cp = to.import_checkpoint(image)?;
     to.restore(&cp)?;
-    let loaded = greedy(to, lf)?;
+    let loaded = greedy_run(to, lf, n)?;
     Ok(Handoff {
         loaded,
         straight,
         layer_diffs,
     })
+}
+
+/// [`state_handoff`] on one sequence: after `prompt`, its checkpoint
+/// exported, `n` greedy tokens run straight, then the image imported and
+/// restored and `n` greedy tokens from there (no `layer_diffs`: one
+/// image). What a state file saved and loaded by the same backend does.
+pub fn state_roundtrip(
+    seq: &mut dyn Sequence,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Handoff, ModelError> {
+    if prompt.is_empty() {
+        return Err(ModelError::NoTokens);
+    }
+    seq.reset()?;
+    let l = seq.prefill(prompt, redlite_model::Logits::Last)?;
+    let cp = seq.checkpoint()?;
+    let image = seq.export_checkpoint(&cp)?;
+    let straight = greedy_run(seq, l.clone(), n)?;
+    let cp = seq.import_checkpoint(image)?;
+    seq.restore(&cp)?;
+    let loaded = greedy_run(seq, l, n)?;
+    Ok(Handoff {
+        loaded,
+        straight,
+        layer_diffs: Vec::new(),
+    })
+}
+
+/// `n` greedy tokens from the logits `l` (the last one not run).
+fn greedy_run(seq: &mut dyn Sequence, mut l: Vec<f32>, n: usize) -> Result<Vec<u32>, ModelError> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = argmax(&l) as u32;
+        out.push(t);
+        if i + 1 < n {
+            l = seq.decode(t)?;
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! positions than the context) is refused with an error naming what
 //! differs, not a panic. The GPU side of the same checks is in `gpu.rs`.
 
-use redlite_engine::parity::state_handoff;
+use redlite_engine::parity::{state_handoff, state_roundtrip};
 use redlite_engine::{BackendOptions, Engine, Logits, MemoryRequest, Model};
 use redlite_model::{KvData, LayerImage, StateImage};
 use std::borrow::Cow;
@@ -51,6 +51,15 @@ fn a_state_handed_to_another_sequence_continues_as_a_straight_run() {
         h.layer_diffs
     );
     assert!(h.layer_diffs.iter().any(|&(_, m)| m > 0.0));
+}
+
+#[test]
+fn a_state_saved_and_loaded_by_one_sequence_continues_as_its_straight_run() {
+    let mut e = engine("tiny-qwen3next-q4_k_m.gguf", 64);
+    let mut a = e.open_sequence(0).unwrap();
+    let h = state_roundtrip(&mut *a, &PROMPT, 8).unwrap();
+    assert_eq!(h.loaded, h.straight);
+    assert_eq!(h.loaded.len(), 8);
 }
 
 /// The CPU's image after `PROMPT`, owned.
