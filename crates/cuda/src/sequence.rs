@@ -15,15 +15,13 @@
 
 use crate::decoder::{CudaDecoder, DecoderOptions};
 use crate::device::Gpu;
-use crate::error::{bail, ensure, Context, CudaError, Result};
+use crate::error::{bail, ensure, CudaError, Result};
 use crate::ops::{KvCache, KvType};
-use crate::state_image::{ring_to_window, window_to_ring};
+use crate::state_image::{from_image, to_image, HostState};
 use cudarc::driver::CudaSlice;
 use redlite_model::sequence::{CacheCounters, Checkpoint, Sequence, TokenProfile};
 use redlite_model::trace::TraceRecord;
-use redlite_model::{
-    KvData, KvElem, LayerImage, LayerShape, Logits, Model, ModelError, StateImage, StateLayout,
-};
+use redlite_model::{KvData, KvElem, Logits, Model, ModelError, StateImage, StateLayout};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -271,129 +269,87 @@ impl CudaSequence {
 
     /// `s` copied to the host in the shared layout, per model layer.
     fn export(&self, s: &DeviceState) -> Result<StateImage<'static>> {
-        let layout = self.layout();
         let gpu = self.dec.gpu();
         let stream = &gpu.stream;
         // Finish whatever still writes the buffers (the checkpoint's copies).
         gpu.sync()?;
-        let (mut kv, mut gdn) = (s.kv.iter(), s.gdn.iter());
-        let mut layers = Vec::with_capacity(layout.layers.len());
-        for (i, shape) in layout.layers.iter().enumerate() {
-            layers.push(match *shape {
-                LayerShape::Kv { .. } => {
-                    let rows = kv.next().with_context(|| {
-                        format!("layer {i}: the checkpoint has fewer attention layers than the model")
-                    })?;
-                    let (k, v) = match (rows, self.kv_elem) {
-                        (None, KvElem::F32) => (KvData::F32(Cow::Owned(Vec::new())), KvData::F32(Cow::Owned(Vec::new()))),
-                        (None, KvElem::F16) => (KvData::F16(Cow::Owned(Vec::new())), KvData::F16(Cow::Owned(Vec::new()))),
-                        (Some(KvRows::F32(k, v)), KvElem::F32) => (
-                            KvData::F32(Cow::Owned(stream.clone_dtoh(k)?)),
-                            KvData::F32(Cow::Owned(stream.clone_dtoh(v)?)),
-                        ),
-                        (Some(KvRows::F16(k, v)), KvElem::F16) => (
-                            KvData::F16(Cow::Owned(stream.clone_dtoh(k)?)),
-                            KvData::F16(Cow::Owned(stream.clone_dtoh(v)?)),
-                        ),
-                        _ => bail!("layer {i}: a checkpoint with another KV element type than the sequence's {}", self.kv_elem.name()),
-                    };
-                    LayerImage::Kv { k, v }
-                }
-                LayerShape::Recurrent { conv, .. } => {
-                    let (ring, state) = gdn.next().with_context(|| {
-                        format!("layer {i}: the checkpoint has fewer DeltaNet layers than the model")
-                    })?;
-                    let ring = stream.clone_dtoh(ring)?;
-                    let ssm = stream.clone_dtoh(state)?;
-                    LayerImage::Recurrent {
-                        conv: Cow::Owned(
-                            ring_to_window(&ring, conv, s.pos)
-                                .map_err(|e| e.context(format!("layer {i}")))?,
-                        ),
-                        ssm: Cow::Owned(ssm),
-                    }
-                }
+        let empty = |e: KvElem| match e {
+            KvElem::F32 => KvData::F32(Cow::Owned(Vec::new())),
+            KvElem::F16 => KvData::F16(Cow::Owned(Vec::new())),
+        };
+        let mut kv = Vec::with_capacity(s.kv.len());
+        for rows in &s.kv {
+            kv.push(match rows {
+                None => (empty(self.kv_elem), empty(self.kv_elem)),
+                Some(KvRows::F32(k, v)) => (
+                    KvData::F32(Cow::Owned(stream.clone_dtoh(k)?)),
+                    KvData::F32(Cow::Owned(stream.clone_dtoh(v)?)),
+                ),
+                Some(KvRows::F16(k, v)) => (
+                    KvData::F16(Cow::Owned(stream.clone_dtoh(k)?)),
+                    KvData::F16(Cow::Owned(stream.clone_dtoh(v)?)),
+                ),
             });
         }
-        ensure!(
-            kv.next().is_none() && gdn.next().is_none(),
-            "the checkpoint has more layers than the model"
-        );
+        let mut gdn = Vec::with_capacity(s.gdn.len());
+        for (ring, state) in &s.gdn {
+            gdn.push((
+                stream.clone_dtoh(ring)?,
+                Cow::Owned(stream.clone_dtoh(state)?),
+            ));
+        }
         gpu.sync()?;
-        let image = StateImage { pos: s.pos, layers };
-        image
-            .check(&layout)
-            .map_err(|e| CudaError::Invalid(format!("the exported state: {e}")))?;
-        Ok(image)
+        to_image(
+            &self.layout(),
+            HostState {
+                pos: s.pos,
+                kv,
+                gdn,
+            },
+        )
     }
 
     /// A device state from a host image, checked against the model's
-    /// layout, this sequence's KV type and its context first.
+    /// layout, this sequence's KV type, its context and its DeltaNet
+    /// shapes first.
     fn import(&self, image: StateImage<'_>) -> Result<DeviceState> {
-        let layout = self.layout();
-        image
-            .check(&layout)
-            .map_err(|e| CudaError::Invalid(format!("the state does not fit this model: {e}")))?;
         let ctx = self.dec.ctx();
-        ensure!(
-            image.pos <= ctx,
-            "a state of {} positions does not fit a context of {ctx}",
-            image.pos
-        );
         let (n_attn, dims) = self.dec.state_shapes();
-        let n_kv_layers = layout
-            .layers
-            .iter()
-            .filter(|l| matches!(l, LayerShape::Kv { .. }))
-            .count();
+        let h = from_image(&self.layout(), image, ctx, &dims)?;
         ensure!(
-            n_attn == n_kv_layers && dims.len() == layout.layers.len() - n_kv_layers,
-            "the decoder has {n_attn} attention and {} DeltaNet layers, the state {n_kv_layers} and {}",
-            dims.len(),
-            layout.layers.len() - n_kv_layers
+            h.kv.len() == n_attn,
+            "the decoder has {n_attn} attention layers, the state {}",
+            h.kv.len()
         );
         let gpu = self.dec.gpu();
         let stream = &gpu.stream;
-        let pos = image.pos;
-        let mut dims = dims.iter();
-        let (mut kv, mut gdn) = (Vec::new(), Vec::new());
-        for (i, l) in image.layers.iter().enumerate() {
-            match l {
-                LayerImage::Kv { k, v } => kv.push(match (k, v) {
-                    _ if k.is_empty() => None,
-                    (KvData::F32(k), KvData::F32(v)) => Some(KvRows::F32(
-                        stream.clone_htod(&k[..])?,
-                        stream.clone_htod(&v[..])?,
-                    )),
-                    (KvData::F16(k), KvData::F16(v)) => Some(KvRows::F16(
-                        stream.clone_htod(&k[..])?,
-                        stream.clone_htod(&v[..])?,
-                    )),
-                    // check() above holds both to the layout's type.
-                    _ => bail!("layer {i}: K and V rows of different types"),
-                }),
-                LayerImage::Recurrent { conv, ssm } => {
-                    let d = dims
-                        .next()
-                        .context("more DeltaNet layers than the decoder")?;
-                    ensure!(
-                        conv.len() == (d.conv_kernel - 1) * d.conv_dim()
-                            && ssm.len() == d.state_len(),
-                        "layer {i}: a DeltaNet state of {} + {} values, the decoder's is {} + {}",
-                        conv.len(),
-                        ssm.len(),
-                        (d.conv_kernel - 1) * d.conv_dim(),
-                        d.state_len()
-                    );
-                    let ring = window_to_ring(conv, d.conv_kernel, pos)
-                        .map_err(|e| e.context(format!("layer {i}")))?;
-                    gdn.push((stream.clone_htod(&ring)?, stream.clone_htod(&ssm[..])?));
-                }
-            }
+        let mut kv = Vec::with_capacity(h.kv.len());
+        for (k, v) in &h.kv {
+            kv.push(match (k, v) {
+                _ if k.is_empty() => None,
+                (KvData::F32(k), KvData::F32(v)) => Some(KvRows::F32(
+                    stream.clone_htod(&k[..])?,
+                    stream.clone_htod(&v[..])?,
+                )),
+                (KvData::F16(k), KvData::F16(v)) => Some(KvRows::F16(
+                    stream.clone_htod(&k[..])?,
+                    stream.clone_htod(&v[..])?,
+                )),
+                _ => bail!("K and V rows of different types"),
+            });
+        }
+        let mut gdn = Vec::with_capacity(h.gdn.len());
+        for (ring, ssm) in &h.gdn {
+            gdn.push((stream.clone_htod(&ring[..])?, stream.clone_htod(&ssm[..])?));
         }
         // The host buffers must outlive the copies.
         gpu.sync()?;
-        Ok(DeviceState { ctx, pos, kv, gdn })
+        Ok(DeviceState {
+            ctx,
+            pos: h.pos,
+            kv,
+            gdn,
+        })
     }
 }
 
