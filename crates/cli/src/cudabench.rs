@@ -9,7 +9,7 @@ use redlite_engine::parity::{compare, compare_prefill, Parity};
 use redlite_engine::{Activations, BackendOptions, Device, Engine, MemoryRequest};
 use redlite_model::Model;
 
-fn tokens(seed: u64, n: usize, n_vocab: usize) -> Vec<u32> {
+pub(crate) fn tokens(seed: u64, n: usize, n_vocab: usize) -> Vec<u32> {
     let mut s = seed;
     (0..n)
         .map(|_| {
@@ -283,6 +283,8 @@ pub fn parity_cli(
     }
     println!();
     println!("CPU engine (one token per forward) vs the CUDA decoder (one graph per token, f32 activations); gate on the reference rows: every argmax equal, KL <= {kl_max:e}, greedy identical; router mismatches = (MoE layer, step) pairs whose chosen experts differ (reported)");
+    // State files: a state carried between the GPU and the CPU.
+    all &= crate::cudastate::state_table(files, n_prompt, n_greedy, pdl)?;
     ensure!(all, "CUDA parity failed");
     Ok(())
 }

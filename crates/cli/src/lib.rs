@@ -2,6 +2,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod cudabench;
+#[cfg(feature = "cuda")]
+pub mod cudastate;
 pub mod generate;
 pub mod grammarbench;
 pub mod inspect;

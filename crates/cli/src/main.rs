@@ -56,7 +56,7 @@ enum Command {
         #[arg(long)]
         no_pdl: bool,
     },
-    /// CUDA decoder against the CPU engine on GGUF files: logits at every step (argmax, KL, max |dlogit|) and greedy tokens (needs a GPU).
+    /// CUDA decoder against the CPU engine on GGUF files: logits at every step (argmax, KL, max |dlogit|), greedy tokens, checkpoints, verify passes, state files carried between the backends (needs a GPU).
     #[cfg(feature = "cuda")]
     Parity {
         /// The GGUF files (e.g. tests/fixtures/qwen3next/*.gguf).

@@ -39,13 +39,15 @@ pub fn load(path: &Path, model: &Model, seq: &mut dyn Sequence) -> Result<Loaded
     let cp = seq
         .import_checkpoint(sf.image)
         .with_context(|| format!("--load-state {}", path.display()))?;
+    let import_secs = t0.elapsed().as_secs_f64() - read_secs;
     seq.restore(&cp)
         .with_context(|| format!("--load-state {}", path.display()))?;
     let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+    let restore_secs = t0.elapsed().as_secs_f64() - read_secs;
     eprintln!(
-        "redlite: state loaded from {}: {pos} positions, {bytes} bytes, read in {read_secs:.3} s, restored in {:.3} s",
+        "redlite: state loaded from {}: {pos} positions, {bytes} bytes, read in {read_secs:.3} s, restored in {restore_secs:.3} s (import into the {} backend {import_secs:.3} s)",
         path.display(),
-        t0.elapsed().as_secs_f64() - read_secs
+        seq.backend()
     );
     Ok(Loaded {
         tokens: sf.tokens,
@@ -78,6 +80,7 @@ pub fn save(
     let image = seq
         .export_checkpoint(&cp)
         .with_context(|| format!("--save-state {}", path.display()))?;
+    let export_secs = t0.elapsed().as_secs_f64();
     let sf = StateFile {
         model: model_id(model),
         ctx_len: seq.ctx_len() as u64,
@@ -92,12 +95,13 @@ pub fn save(
         image,
     };
     let stats = redlite_statefile::write(path, inputs, &sf).context("--save-state")?;
+    let secs = t0.elapsed().as_secs_f64();
     eprintln!(
-        "redlite: state saved to {}: {} positions, {} bytes in {:.3} s",
+        "redlite: state saved to {}: {} positions, {} bytes in {secs:.3} s (checkpoint and export {export_secs:.3} s, write {:.3} s)",
         path.display(),
         tokens.len(),
         stats.bytes,
-        t0.elapsed().as_secs_f64()
+        secs - export_secs
     );
     Ok(())
 }

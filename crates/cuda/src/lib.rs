@@ -58,6 +58,7 @@ pub mod parity;
 pub mod reference;
 pub mod selftest;
 pub mod sequence;
+pub mod state_image;
 pub mod tables_cuh;
 pub mod testdata;
 pub mod tuning;

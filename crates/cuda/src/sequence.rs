@@ -7,15 +7,22 @@
 //! state of every DeltaNet layer; restoring copies them back into the
 //! buffers the captured graph reads, so the graph stays valid. The conv
 //! window is a ring indexed by the position, which the checkpoint carries.
+//!
+//! For a state file a checkpoint is exported to the host in the layout
+//! every backend shares and imported back ([`crate::state_image`] says
+//! what is converted): the filled KV rows as they are, the recurrent
+//! states as they are, the conv ring reordered into the CPU's window.
 
 use crate::decoder::{CudaDecoder, DecoderOptions};
 use crate::device::Gpu;
-use crate::error::{CudaError, Result};
-use crate::ops::KvCache;
+use crate::error::{bail, ensure, CudaError, Result};
+use crate::ops::{KvCache, KvType};
+use crate::state_image::{from_image, to_image, HostState};
 use cudarc::driver::CudaSlice;
 use redlite_model::sequence::{CacheCounters, Checkpoint, Sequence, TokenProfile};
 use redlite_model::trace::TraceRecord;
-use redlite_model::{Logits, Model, ModelError};
+use redlite_model::{KvData, KvElem, Logits, Model, ModelError, StateImage, StateLayout};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// The CUDA backend's name in messages and checkpoints.
@@ -33,6 +40,8 @@ pub struct CudaSequence {
     model: Arc<Model>,
     dec: CudaDecoder,
     verify: VerifySlots,
+    /// The KV caches' element type (what state files hold).
+    kv_elem: KvElem,
 }
 
 /// A verify pass's DeltaNet snapshots: slot `i` holds every DeltaNet
@@ -89,10 +98,15 @@ impl CudaSequence {
     /// `opts.ctx` positions on `gpu`.
     pub fn new(gpu: Gpu, model: Arc<Model>, opts: &DecoderOptions) -> Result<CudaSequence> {
         let dec = CudaDecoder::new(gpu, &model, opts)?;
+        let kv_elem = match opts.kv_type {
+            KvType::F32 => KvElem::F32,
+            KvType::F16 => KvElem::F16,
+        };
         Ok(CudaSequence {
             model,
             dec,
             verify: VerifySlots::default(),
+            kv_elem,
         })
     }
 
@@ -190,7 +204,7 @@ impl CudaSequence {
 
     fn load(&mut self, s: &DeviceState) -> Result<()> {
         let b = self.dec.state_buffers();
-        crate::error::ensure!(
+        ensure!(
             s.ctx == b.ctx && s.kv.len() == b.kv.len() && s.gdn.len() == b.gdn.len(),
             "a checkpoint of another decoder shape ({} positions, {} attention and {} DeltaNet layers) restored into one of {} positions, {} and {}",
             s.ctx,
@@ -215,7 +229,7 @@ impl CudaSequence {
                     stream.memcpy_dtod(sk, &mut k.slice_mut(..sk.len()))?;
                     stream.memcpy_dtod(sv, &mut v.slice_mut(..sv.len()))?;
                 }
-                _ => crate::error::bail!("a checkpoint with another KV element type"),
+                _ => bail!("a checkpoint with another KV element type"),
             }
         }
         for ((ring, state), (sr, ss)) in b.gdn.into_iter().zip(&s.gdn) {
@@ -225,6 +239,117 @@ impl CudaSequence {
         b.gpu.sync()?;
         *b.pos = s.pos;
         Ok(())
+    }
+}
+
+/// Bytes a device state holds (the checkpoint's accounting).
+fn state_bytes(s: &DeviceState) -> u64 {
+    let kv: u64 =
+        s.kv.iter()
+            .flatten()
+            .map(|r| match r {
+                KvRows::F32(k, v) => 4 * (k.len() + v.len()) as u64,
+                KvRows::F16(k, v) => 2 * (k.len() + v.len()) as u64,
+            })
+            .sum();
+    let gdn: u64 = s
+        .gdn
+        .iter()
+        .map(|(r, st)| 4 * (r.len() + st.len()) as u64)
+        .sum();
+    kv + gdn
+}
+
+impl CudaSequence {
+    /// The layout of this sequence's states (the model's layers, this
+    /// sequence's KV element type).
+    fn layout(&self) -> StateLayout {
+        StateLayout::of(&self.model, self.kv_elem)
+    }
+
+    /// `s` copied to the host in the shared layout, per model layer.
+    fn export(&self, s: &DeviceState) -> Result<StateImage<'static>> {
+        let gpu = self.dec.gpu();
+        let stream = &gpu.stream;
+        // Finish whatever still writes the buffers (the checkpoint's copies).
+        gpu.sync()?;
+        let empty = |e: KvElem| match e {
+            KvElem::F32 => KvData::F32(Cow::Owned(Vec::new())),
+            KvElem::F16 => KvData::F16(Cow::Owned(Vec::new())),
+        };
+        let mut kv = Vec::with_capacity(s.kv.len());
+        for rows in &s.kv {
+            kv.push(match rows {
+                None => (empty(self.kv_elem), empty(self.kv_elem)),
+                Some(KvRows::F32(k, v)) => (
+                    KvData::F32(Cow::Owned(stream.clone_dtoh(k)?)),
+                    KvData::F32(Cow::Owned(stream.clone_dtoh(v)?)),
+                ),
+                Some(KvRows::F16(k, v)) => (
+                    KvData::F16(Cow::Owned(stream.clone_dtoh(k)?)),
+                    KvData::F16(Cow::Owned(stream.clone_dtoh(v)?)),
+                ),
+            });
+        }
+        let mut gdn = Vec::with_capacity(s.gdn.len());
+        for (ring, state) in &s.gdn {
+            gdn.push((
+                stream.clone_dtoh(ring)?,
+                Cow::Owned(stream.clone_dtoh(state)?),
+            ));
+        }
+        gpu.sync()?;
+        to_image(
+            &self.layout(),
+            HostState {
+                pos: s.pos,
+                kv,
+                gdn,
+            },
+        )
+    }
+
+    /// A device state from a host image, checked against the model's
+    /// layout, this sequence's KV type, its context and its DeltaNet
+    /// shapes first.
+    fn import(&self, image: StateImage<'_>) -> Result<DeviceState> {
+        let ctx = self.dec.ctx();
+        let (n_attn, dims) = self.dec.state_shapes();
+        let h = from_image(&self.layout(), image, ctx, &dims)?;
+        ensure!(
+            h.kv.len() == n_attn,
+            "the decoder has {n_attn} attention layers, the state {}",
+            h.kv.len()
+        );
+        let gpu = self.dec.gpu();
+        let stream = &gpu.stream;
+        let mut kv = Vec::with_capacity(h.kv.len());
+        for (k, v) in &h.kv {
+            kv.push(match (k, v) {
+                _ if k.is_empty() => None,
+                (KvData::F32(k), KvData::F32(v)) => Some(KvRows::F32(
+                    stream.clone_htod(&k[..])?,
+                    stream.clone_htod(&v[..])?,
+                )),
+                (KvData::F16(k), KvData::F16(v)) => Some(KvRows::F16(
+                    stream.clone_htod(&k[..])?,
+                    stream.clone_htod(&v[..])?,
+                )),
+                _ => bail!("K and V rows of different types"),
+            });
+        }
+        let mut gdn = Vec::with_capacity(h.gdn.len());
+        for (ring, ssm) in &h.gdn {
+            gdn.push((stream.clone_htod(&ring[..])?, stream.clone_htod(&ssm[..])?));
+        }
+        // The host buffers must outlive the copies.
+        gpu.sync()?;
+        Ok(DeviceState {
+            ctx,
+            pos: h.pos,
+            kv,
+            gdn,
+        })
     }
 }
 
@@ -341,6 +466,24 @@ impl Sequence for CudaSequence {
         let s: &DeviceState = checkpoint.state(CUDA)?;
         self.verify.pending = None;
         self.load(s).map_err(backend_err)
+    }
+
+    fn kv_elem(&self) -> KvElem {
+        self.kv_elem
+    }
+
+    fn export_checkpoint<'a>(
+        &self,
+        checkpoint: &'a Checkpoint,
+    ) -> Result<StateImage<'a>, ModelError> {
+        let s: &DeviceState = checkpoint.state(CUDA)?;
+        self.export(s).map_err(backend_err)
+    }
+
+    fn import_checkpoint(&self, image: StateImage<'_>) -> Result<Checkpoint, ModelError> {
+        let s = self.import(image).map_err(backend_err)?;
+        let bytes = state_bytes(&s);
+        Ok(Checkpoint::new(CUDA, s.pos, bytes, Box::new(s)))
     }
 
     fn skip_to(&mut self, pos: usize) -> Result<(), ModelError> {

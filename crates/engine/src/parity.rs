@@ -1,9 +1,10 @@
 //! Two sequences against each other (any two backends, or two paths of
 //! one): the logits of every teacher-forced step (max |Δlogit|, KL,
-//! argmax), the chosen experts, then the greedy tokens of each.
+//! argmax), the chosen experts, then the greedy tokens of each; a state
+//! carried from one to the other ([`state_handoff`]).
 
 use redlite_model::sequence::Sequence;
-use redlite_model::ModelError;
+use redlite_model::{KvData, LayerImage, ModelError, StateImage};
 
 /// One step's comparison of two logit vectors.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -268,9 +269,205 @@ pub fn verify_roundtrip(
     Ok((differing, compared))
 }
 
+/// A state carried from one sequence to another through the image every
+/// backend shares (what a state file holds between two runs).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Handoff {
+    /// Greedy tokens on `to` continuing from `from`'s state after the
+    /// prompt, the first one from `from`'s last logits (as a loaded file
+    /// gives them).
+    pub loaded: Vec<u32>,
+    /// Greedy tokens of `to`'s own straight run of the prompt.
+    pub straight: Vec<u32>,
+    /// Per layer: max |Δ| between `from`'s exported image and `to`'s own
+    /// after the same prompt, and the largest |value| in `to`'s (a layout
+    /// difference between the backends shows as a Δ of the values' size;
+    /// rounding differences stay far below it).
+    pub layer_diffs: Vec<(f64, f64)>,
+}
+
+/// The largest per-layer |Δ| between two backends' images after the same
+/// prompt, relative to the layer's largest value (at least 1), that still
+/// counts as rounding: the GPU's batched prefill rounds its GEMM inputs to
+/// f16 (2^-11 relative), while a row, head, window or transposition mix-up
+/// moves values by their own size.
+pub const MAX_LAYER_REL: f64 = 1e-2;
+
+impl Handoff {
+    /// The worst layer's max |Δ| over its largest value (at least 1).
+    pub fn worst_rel(&self) -> f64 {
+        self.layer_diffs
+            .iter()
+            .map(|&(d, m)| d / m.max(1.0))
+            .fold(0.0, f64::max)
+    }
+
+    /// The loaded continuation is the straight run's, or parts from it no
+    /// earlier than `part`, where the two backends' own straight runs part
+    /// (a small margin; None: they agree, so no difference is allowed).
+    pub fn continues(&self, part: Option<usize>) -> bool {
+        match (first_diff(&self.loaded, &self.straight), part) {
+            (None, _) => true,
+            (Some(i), Some(p)) => i >= p,
+            (Some(_), None) => false,
+        }
+    }
+}
+
+/// The index of the first differing token (the shorter length when one is
+/// a prefix of the other; None when equal).
+pub fn first_diff(a: &[u32], b: &[u32]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or((a.len() != b.len()).then(|| a.len().min(b.len())))
+}
+
+/// Widened K or V values of an image layer.
+fn kv_f32(d: &KvData<'_>) -> Vec<f32> {
+    match d {
+        KvData::F32(v) => v.to_vec(),
+        KvData::F16(v) => v
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect(),
+    }
+}
+
+/// (max |a - b|, max |b|); infinite where the lengths differ.
+fn max_diff(a: &[f32], b: &[f32]) -> (f64, f64) {
+    if a.len() != b.len() {
+        return (f64::INFINITY, 0.0);
+    }
+    a.iter().zip(b).fold((0f64, 0f64), |(d, m), (&x, &y)| {
+        let dx = (x as f64 - y as f64).abs();
+        (
+            d.max(if dx.is_nan() { f64::INFINITY } else { dx }),
+            m.max((y as f64).abs()),
+        )
+    })
+}
+
+/// Per layer (max |Δ|, max |value| of `b`) between two images.
+fn image_diffs(a: &StateImage<'_>, b: &StateImage<'_>) -> Vec<(f64, f64)> {
+    a.layers
+        .iter()
+        .zip(&b.layers)
+        .map(|(x, y)| match (x, y) {
+            (LayerImage::Kv { k: ka, v: va }, LayerImage::Kv { k: kb, v: vb }) => {
+                let (dk, mk) = max_diff(&kv_f32(ka), &kv_f32(kb));
+                let (dv, mv) = max_diff(&kv_f32(va), &kv_f32(vb));
+                (dk.max(dv), mk.max(mv))
+            }
+            (
+                LayerImage::Recurrent { conv: ca, ssm: sa },
+                LayerImage::Recurrent { conv: cb, ssm: sb },
+            ) => {
+                let (dc, mc) = max_diff(ca, cb);
+                let (ds, ms) = max_diff(sa, sb);
+                (dc.max(ds), mc.max(ms))
+            }
+            _ => (f64::INFINITY, 0.0),
+        })
+        .collect()
+}
+
+/// `from` prefills `prompt` and exports its checkpoint; `to` runs the
+/// prompt straight (its image kept for the comparison) and `n` greedy
+/// tokens, then imports `from`'s image, restores it and decodes `n` greedy
+/// tokens from there. Both sequences are reset first. An image `to`
+/// refuses (another model's layout, another KV type, a context too small)
+/// is the error.
+pub fn state_handoff(
+    from: &mut dyn Sequence,
+    to: &mut dyn Sequence,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Handoff, ModelError> {
+    if prompt.is_empty() {
+        return Err(ModelError::NoTokens);
+    }
+    from.reset()?;
+    let lf = from.prefill(prompt, redlite_model::Logits::Last)?;
+    let cf = from.checkpoint()?;
+    let image = from.export_checkpoint(&cf)?;
+    to.reset()?;
+    let lt = to.prefill(prompt, redlite_model::Logits::Last)?;
+    let ct = to.checkpoint()?;
+    let own = to.export_checkpoint(&ct)?;
+    let layer_diffs = image_diffs(&image, &own);
+    drop(own);
+    let straight = greedy_run(to, lt, n)?;
+    let cp = to.import_checkpoint(image)?;
+    to.restore(&cp)?;
+    let loaded = greedy_run(to, lf, n)?;
+    Ok(Handoff {
+        loaded,
+        straight,
+        layer_diffs,
+    })
+}
+
+/// [`state_handoff`] on one sequence: after `prompt`, its checkpoint
+/// exported, `n` greedy tokens run straight, then the image imported and
+/// restored and `n` greedy tokens from there (no `layer_diffs`: one
+/// image). What a state file saved and loaded by the same backend does.
+pub fn state_roundtrip(
+    seq: &mut dyn Sequence,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Handoff, ModelError> {
+    if prompt.is_empty() {
+        return Err(ModelError::NoTokens);
+    }
+    seq.reset()?;
+    let l = seq.prefill(prompt, redlite_model::Logits::Last)?;
+    let cp = seq.checkpoint()?;
+    let image = seq.export_checkpoint(&cp)?;
+    let straight = greedy_run(seq, l.clone(), n)?;
+    let cp = seq.import_checkpoint(image)?;
+    seq.restore(&cp)?;
+    let loaded = greedy_run(seq, l, n)?;
+    Ok(Handoff {
+        loaded,
+        straight,
+        layer_diffs: Vec::new(),
+    })
+}
+
+/// `n` greedy tokens from the logits `l` (the last one not run).
+fn greedy_run(seq: &mut dyn Sequence, mut l: Vec<f32>, n: usize) -> Result<Vec<u32>, ModelError> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = argmax(&l) as u32;
+        out.push(t);
+        if i + 1 < n {
+            l = seq.decode(t)?;
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_diff_and_continues_by_hand() {
+        assert_eq!(first_diff(&[1, 2, 3], &[1, 2, 3]), None);
+        assert_eq!(first_diff(&[1, 2, 3], &[1, 5, 3]), Some(1));
+        assert_eq!(first_diff(&[1, 2], &[1, 2, 3]), Some(2));
+        let h = Handoff {
+            loaded: vec![1, 2, 9],
+            straight: vec![1, 2, 3],
+            layer_diffs: vec![(0.5, 100.0), (0.001, 0.5)],
+        };
+        assert!(!h.continues(None));
+        assert!(h.continues(Some(2)));
+        assert!(!h.continues(Some(3)));
+        // 0.5 / 100 against 0.001 / max(0.5, 1).
+        assert_eq!(h.worst_rel(), 0.005);
+    }
 
     #[test]
     fn route_comparison() {

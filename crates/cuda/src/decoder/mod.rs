@@ -316,6 +316,23 @@ impl CudaDecoder {
         }
     }
 
+    /// The shapes of the state [`state_buffers`](Self::state_buffers)
+    /// returns, without borrowing it mutably: attention layers, and each
+    /// DeltaNet layer's dimensions (conv kernel and channels size its
+    /// window ring), in layer order.
+    pub(crate) fn state_shapes(&self) -> (usize, Vec<crate::ops::GdnDims>) {
+        let mut n_attn = 0;
+        let mut gdn = Vec::new();
+        for op in &self.ops {
+            match op {
+                Op::Attn(_) => n_attn += 1,
+                Op::Gdn(g) => gdn.push(g.dims),
+                _ => {}
+            }
+        }
+        (n_attn, gdn)
+    }
+
     /// Jump to position `pos` without running the tokens before it (the
     /// caches keep whatever they hold): for timing decode at a depth.
     pub fn set_pos(&mut self, pos: usize) -> Result<()> {
