@@ -126,20 +126,7 @@ struct KvRow<u16, DPL> {
     }
 };
 
-// AHEAD: how many steps ahead a warp's K and V rows are loaded (1 or 2).
-// The loop is bound by the bytes each SM has in flight: one step ahead is
-// 2 rows of K and V per warp, 32 KB an SM in f32 but 16 KB in f16, so the
-// f16 cache read no faster than the f32 one at depth (1.98 against 3.71
-// TB/s at 262,144 positions, bench kernels). Two steps ahead doubles it at
-// 16 more registers a thread in f16; f32 has no registers left for it.
-#ifndef ATT_F32_AHEAD
-#define ATT_F32_AHEAD 1
-#endif
-#ifndef ATT_F16_AHEAD
-#define ATT_F16_AHEAD 2
-#endif
-
-template <typename T, int GB, int DPL, int AHEAD>
+template <typename T, int GB, int DPL>
 __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
                                                 const T* __restrict__ kc,
                                                 const T* __restrict__ vc,
@@ -187,18 +174,11 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
     // slower, bench/RESULTS.md). Both rows' K and V are
     // loaded one step ahead. A missing second row (odd tail) scores -inf
     // and weighs 0.
-    static_assert(AHEAD == 1 || AHEAD == 2, "AHEAD: 1 or 2 steps");
-    // (kna, vna, knb, vnb): the next step's two rows; (kfa, ...): the
-    // step after it (AHEAD 2 only).
-    KvRow<T, DPL> kna, vna, knb, vnb, kfa, vfa, kfb, vfb;
+    KvRow<T, DPL> kna, vna, knb, vnb;
     kna.zero();
     vna.zero();
     knb.zero();
     vnb.zero();
-    kfa.zero();
-    vfa.zero();
-    kfb.zero();
-    vfb.zero();
     if (start + warp < end) {
         kna.load(kb + (start + warp) * stride);
         vna.load(vb + (start + warp) * stride);
@@ -207,43 +187,17 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
         knb.load(kb + (start + warp + ATT_WARPS) * stride);
         vnb.load(vb + (start + warp + ATT_WARPS) * stride);
     }
-    if constexpr (AHEAD == 2) {
-        if (start + warp + 2 * ATT_WARPS < end) {
-            kfa.load(kb + (start + warp + 2 * ATT_WARPS) * stride);
-            vfa.load(vb + (start + warp + 2 * ATT_WARPS) * stride);
-        }
-        if (start + warp + 3 * ATT_WARPS < end) {
-            kfb.load(kb + (start + warp + 3 * ATT_WARPS) * stride);
-            vfb.load(vb + (start + warp + 3 * ATT_WARPS) * stride);
-        }
-    }
     for (int p = start + warp; p < end; p += 2 * ATT_WARPS) {
         const KvRow<T, DPL> ka = kna, va = vna, kb2 = knb, vb2 = vnb;
         const bool has_b = p + ATT_WARPS < end;
-        if constexpr (AHEAD == 2) {
-            kna = kfa;
-            vna = vfa;
-            knb = kfb;
-            vnb = vfb;
-            const int pa = p + 4 * ATT_WARPS, pb = p + 5 * ATT_WARPS;
-            if (pa < end) {
-                kfa.load(kb + pa * stride);
-                vfa.load(vb + pa * stride);
-            }
-            if (pb < end) {
-                kfb.load(kb + pb * stride);
-                vfb.load(vb + pb * stride);
-            }
-        } else {
-            const int pa = p + 2 * ATT_WARPS, pb = p + 3 * ATT_WARPS;
-            if (pa < end) {
-                kna.load(kb + pa * stride);
-                vna.load(vb + pa * stride);
-            }
-            if (pb < end) {
-                knb.load(kb + pb * stride);
-                vnb.load(vb + pb * stride);
-            }
+        const int pa = p + 2 * ATT_WARPS, pb = p + 3 * ATT_WARPS;
+        if (pa < end) {
+            kna.load(kb + pa * stride);
+            vna.load(vb + pa * stride);
+        }
+        if (pb < end) {
+            knb.load(kb + pb * stride);
+            vnb.load(vb + pb * stride);
         }
         float sa[GB], sb[GB];
 #pragma unroll
@@ -342,20 +296,19 @@ struct AttnSplitArgs {
 };
 static_assert(sizeof(AttnSplitArgs) == 64, "AttnSplitArgs: layout differs from src/ops/attention.rs");
 
-#define ATTN_SPLIT_T(NAME, T, GB, DPL, MINB, AHEAD)                                             \
+#define ATTN_SPLIT_T(NAME, T, GB, DPL, MINB)                                                    \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, MINB)                           \
         NAME(__grid_constant__ const AttnSplitArgs a) {                                          \
         PDL_PROLOGUE();                                                                          \
-        attn_split_body<T, GB, DPL, AHEAD>(a.q, (const T*)a.kc, (const T*)a.vc, a.pos_p,         \
-                                           a.part_o, a.part_ml, a.n_head, a.n_kv, a.nsplit,      \
-                                           a.scale);                                             \
+        attn_split_body<T, GB, DPL>(a.q, (const T*)a.kc, (const T*)a.vc, a.pos_p, a.part_o,      \
+                                    a.part_ml, a.n_head, a.n_kv, a.nsplit, a.scale);             \
     }
 
 // Both cache types of one shape: attn_split_gGB_dDPL (f32 KV) and
 // attn_split_kvf16_gGB_dDPL (f16 KV).
-#define ATTN_SPLIT(GB, DPL)                                                    \
-    ATTN_SPLIT_T(attn_split_g##GB##_d##DPL, float, GB, DPL, 0, ATT_F32_AHEAD)  \
-    ATTN_SPLIT_T(attn_split_kvf16_g##GB##_d##DPL, u16, GB, DPL, 1, ATT_F16_AHEAD)
+#define ATTN_SPLIT(GB, DPL)                                     \
+    ATTN_SPLIT_T(attn_split_g##GB##_d##DPL, float, GB, DPL, 0)  \
+    ATTN_SPLIT_T(attn_split_kvf16_g##GB##_d##DPL, u16, GB, DPL, 1)
 
 // Query heads per block 1, 2, 4, 8 (the largest power of two <= 8 dividing
 // the GQA group) x head_dim 64, 128, 256 (2, 4, 8 dims per lane).
