@@ -33,8 +33,12 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub no_mmap: bool,
     /// The prompt text.
-    #[arg(short, long, conflicts_with = "prompt_ids")]
+    #[arg(short, long, conflicts_with_all = ["prompt_ids", "file"])]
     pub prompt: Option<String>,
+    /// Read the prompt text from this file (UTF-8; for prompts too long for
+    /// a command-line argument).
+    #[arg(short = 'f', long, conflicts_with = "prompt_ids")]
+    pub file: Option<PathBuf>,
     /// The prompt as token ids (comma-separated), bypassing the tokenizer.
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub prompt_ids: Option<Vec<u32>>,
@@ -136,6 +140,11 @@ fn warm_pages(model: &Model) {
 }
 
 pub fn run(mut args: GenerateArgs) -> Result<()> {
+    if let Some(p) = &args.file {
+        let text = std::fs::read_to_string(p)
+            .with_context(|| format!("--file {}: reading the prompt", p.display()))?;
+        args.prompt = Some(text);
+    }
     let spec_opts = args.spec.options().map_err(anyhow::Error::msg)?;
     if spec_opts.mode != SpecMode::None && args.dump_logits.is_some() {
         bail!("--dump-logits writes one row per decode step; it cannot be combined with --spec (drafts are verified several tokens a pass)");

@@ -45,7 +45,11 @@ enum Command {
         #[arg(long)]
         no_special: bool,
         /// The text.
-        text: String,
+        #[arg(required_unless_present = "file", conflicts_with = "file")]
+        text: Option<String>,
+        /// Read the text from this file instead (UTF-8).
+        #[arg(short = 'f', long)]
+        file: Option<PathBuf>,
     },
     /// Write a synthetic GGUF with the exact Qwen3-Next-80B-A3B shapes (random valid blocks) for speed work.
     Synth(redlite_synth::cli::SynthArgs),
@@ -230,7 +234,14 @@ fn run(mut cli: Cli) -> Result<()> {
             model,
             no_special,
             text,
+            file,
         } => {
+            let text = match (text, file) {
+                (Some(t), _) => t,
+                (None, Some(f)) => std::fs::read_to_string(&f)
+                    .with_context(|| format!("--file {}: reading the text", f.display()))?,
+                (None, None) => anyhow::bail!("give the text or --file"),
+            };
             outln!(
                 "{}",
                 serde_json::to_string(&generate::tokenize(&model, &text, no_special)?)?
