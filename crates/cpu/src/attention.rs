@@ -303,11 +303,19 @@ pub fn causal_attention_reference(
             let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|&x| (x - max).exp()).collect();
             let sum: f64 = e.iter().sum();
+            // Positions outer, columns inner (each column still sums its
+            // positions in order): one pass over the V rows.
+            let mut acc = vec![0f64; hd];
+            for (p, &ep) in e.iter().enumerate() {
+                let w = ep / sum;
+                let vr = &v_cache[p * kv_stride + kvh * hd..][..hd];
+                for (a, &x) in acc.iter_mut().zip(vr) {
+                    *a += w * x as f64;
+                }
+            }
             let o = &mut out[(t * s.n_head + h) * hd..][..hd];
-            for (j, x) in o.iter_mut().enumerate() {
-                *x = (0..n_pos)
-                    .map(|p| e[p] / sum * v_cache[p * kv_stride + kvh * hd + j] as f64)
-                    .sum::<f64>() as f32;
+            for (x, a) in o.iter_mut().zip(&acc) {
+                *x = *a as f32;
             }
         }
     }

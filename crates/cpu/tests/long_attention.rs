@@ -1,5 +1,7 @@
 //! Decode attention at the positions Qwen3-Next is trained for (up to
-//! 262,144) against a float64 attention written here, so a long cache's
+//! 262,144) against the crate's float64 reference
+//! (`causal_attention_reference`: scores, softmax and weighted sums in
+//! f64, one position at a time, no blocking), so a long cache's
 //! f32 sums (the softmax denominator and the weighted values run over every
 //! position) are checked where they are longest.
 //!
@@ -9,7 +11,7 @@
 //! mostly their values and a kernel that skips or double-counts any of them
 //! is off by a large fraction.
 
-use redlite_cpu::attention::{causal_attention, AttnShape};
+use redlite_cpu::attention::{causal_attention, causal_attention_reference, AttnShape};
 use redlite_cpu::Pool;
 
 /// Half of Qwen3-Next's attention (8 of its 16 query heads over one of its
@@ -30,38 +32,6 @@ fn uniform(n: usize, seed: &mut u64) -> Vec<f32> {
             ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
-}
-
-/// Attention of every query head over `n` positions in float64.
-fn attention_f64(q: &[f32], k: &[f32], v: &[f32], n: usize, scale: f64) -> Vec<f64> {
-    let (hd, group) = (SHAPE.head_dim, SHAPE.n_head / SHAPE.n_kv_head);
-    let stride = SHAPE.n_kv_head * hd;
-    let mut out = vec![0f64; SHAPE.n_head * hd];
-    for h in 0..SHAPE.n_head {
-        let kvh = h / group;
-        let qh = &q[h * hd..][..hd];
-        let scores: Vec<f64> = (0..n)
-            .map(|p| {
-                let kr = &k[p * stride + kvh * hd..][..hd];
-                qh.iter()
-                    .zip(kr)
-                    .map(|(&a, &b)| a as f64 * b as f64)
-                    .sum::<f64>()
-                    * scale
-            })
-            .collect();
-        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = scores.iter().map(|&s| (s - max).exp()).collect();
-        let sum: f64 = e.iter().sum();
-        let o = &mut out[h * hd..][..hd];
-        for (p, &w) in e.iter().enumerate() {
-            let vr = &v[p * stride + kvh * hd..][..hd];
-            for (x, &y) in o.iter_mut().zip(vr) {
-                *x += w / sum * y as f64;
-            }
-        }
-    }
-    out
 }
 
 /// Worst |fast - f64| / max |f64| of one decode step at `n` positions.
@@ -88,12 +58,13 @@ fn worst_rel(n: usize, planted: bool, seed: &mut u64) -> f64 {
     let pool = Pool::new(2);
     let mut got = vec![0f32; q.len()];
     causal_attention(&pool, &SHAPE, &q, &k, &v, n - 1, 1, scale, &mut got).unwrap();
-    let want = attention_f64(&q, &k, &v, n, scale as f64);
-    let top = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+    let mut want = vec![0f32; q.len()];
+    causal_attention_reference(&SHAPE, &q, &k, &v, n - 1, 1, scale, &mut want).unwrap();
+    let top = want.iter().fold(0f64, |m, x| m.max(x.abs() as f64));
     let err = got
         .iter()
         .zip(&want)
-        .fold(0f64, |m, (&g, &w)| m.max((g as f64 - w).abs()));
+        .fold(0f64, |m, (&g, &w)| m.max((g as f64 - w as f64).abs()));
     err / top
 }
 

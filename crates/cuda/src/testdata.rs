@@ -82,15 +82,7 @@ pub fn random_vec(n: usize, rng: &mut Rng) -> Vec<f32> {
 /// The float64 reference: every row dequantized by `redlite_quant`
 /// (the CPU code checked against the gguf package), dotted in f64.
 pub fn reference_gemv(ty: GgmlType, gguf: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<f64> {
-    let row_bytes = gguf.len() / rows;
-    let mut w = vec![0f32; cols];
-    (0..rows)
-        .map(|r| {
-            redlite_cpu::matmul::dequantize_into(ty, &gguf[r * row_bytes..][..row_bytes], &mut w)
-                .expect("whole blocks");
-            w.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum()
-        })
-        .collect()
+    reference_gemv_f64(ty, gguf, rows, cols, &widen(x))
 }
 
 /// [`reference_gemv`] and, per row, the dot product's condition bound
@@ -103,18 +95,38 @@ pub fn reference_gemv_bounded(
     cols: usize,
     x: &[f32],
 ) -> (Vec<f64>, Vec<f64>) {
+    let abs_x: Vec<f64> = x.iter().map(|&v| (v as f64).abs()).collect();
+    let sums = reference_gemv(ty, gguf, rows, cols, x);
+    let bounds = rows_map(ty, gguf, rows, cols, |w| {
+        w.iter()
+            .zip(&abs_x)
+            .map(|(&a, &b)| (a as f64).abs() * b)
+            .sum()
+    });
+    (sums, bounds)
+}
+
+fn widen(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+/// `f` of every dequantized row of the matrix.
+fn rows_map(
+    ty: GgmlType,
+    gguf: &[u8],
+    rows: usize,
+    cols: usize,
+    mut f: impl FnMut(&[f32]) -> f64,
+) -> Vec<f64> {
     let row_bytes = gguf.len() / rows;
     let mut w = vec![0f32; cols];
     (0..rows)
         .map(|r| {
             redlite_cpu::matmul::dequantize_into(ty, &gguf[r * row_bytes..][..row_bytes], &mut w)
                 .expect("whole blocks");
-            w.iter().zip(x).fold((0f64, 0f64), |(s, b), (&a, &c)| {
-                let t = a as f64 * c as f64;
-                (s + t, b + t.abs())
-            })
+            f(&w)
         })
-        .unzip()
+        .collect()
 }
 
 /// [`reference_gemv`] with an f64 activation vector (the int8 kernels'
@@ -126,15 +138,9 @@ pub fn reference_gemv_f64(
     cols: usize,
     x: &[f64],
 ) -> Vec<f64> {
-    let row_bytes = gguf.len() / rows;
-    let mut w = vec![0f32; cols];
-    (0..rows)
-        .map(|r| {
-            redlite_cpu::matmul::dequantize_into(ty, &gguf[r * row_bytes..][..row_bytes], &mut w)
-                .expect("whole blocks");
-            w.iter().zip(x).map(|(&a, &b)| a as f64 * b).sum()
-        })
-        .collect()
+    rows_map(ty, gguf, rows, cols, |w| {
+        w.iter().zip(x).map(|(&a, &b)| a as f64 * b).sum()
+    })
 }
 
 /// The CPU model of `quantize_q8_32`: per 32 values d = max|x| / 127,

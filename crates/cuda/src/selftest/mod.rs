@@ -3,6 +3,7 @@
 //! The GEMVs here; [`ops`] the other decode kernels, [`expert_cache`] the
 //! bounded cache's plan and fetch.
 
+pub mod attention;
 pub mod chunk;
 pub mod expert_cache;
 pub mod ops;
