@@ -24,6 +24,10 @@
 #   budget    iq2 file under --memory 8G (Red Lite) against llama.cpp
 #             -ncmoe 35: pp512
 #   cf2q4km   cf2 and q4km synth files: pp2048, both engines
+#   ncu       iq2 file, Nsight Compute on the prefill kernels of one
+#             2048-token chunk (NCU_KERNELS, a regex; default the GEMMs and
+#             the DeltaNet chunk kernel): speed of light, occupancy, warp
+#             stalls, pipe use; skipped where no ncu is installed
 # Result lines start with "RESULT"; everything is logged to $OUT/prefill.log.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -115,6 +119,17 @@ for s in ${STEPS:-build selftest parity pp budget}; do
         fi
         rm -f "$M"
       done ;;
+    ncu)
+      NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      if [[ -z $NCU ]]; then echo "== ncu: not installed"; ls /usr/local/cuda/bin | head -50; continue; fi
+      M=$(synth_file iq2)
+      echo "== ncu ($NCU), iq2 pp2048, kernels ${NCU_KERNELS:-gemm|deltanet_chunk}"
+      timeout 400 "$NCU" --kernel-name "regex:${NCU_KERNELS:-gemm|deltanet_chunk}" --launch-skip "${NCU_SKIP:-40}" \
+        --launch-count "${NCU_COUNT:-12}" --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --section LaunchStats --section MemoryWorkloadAnalysis \
+        "$R" bench model -m "$M" --device cuda -p 2048 -n 0 -r 1 >"$OUT/ncu.txt" 2>&1
+      echo "ncu rc=$?"
+      grep -E "^  [a-z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Stall|Issue Slots Busy|Pipe|Warp Cycles Per Issued|Executed Ipc|L1/TEX Hit|L2 Hit|DRAM Throughput|Shared Memory Configuration Size|Dynamic Shared|Static Shared|Grid Size|Waves Per SM" "$OUT/ncu.txt" | head -400 ;;
     *) echo "unknown step $s"; fail=1 ;;
   esac
 done

@@ -230,6 +230,16 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
 
 // D = A*B + D, m16n8k16, A row-major f16 (4 words), B column-major f16 (2
 // words), f32 accumulators (4).
+// ldmatrix .x4: four 8x8 b16 matrices from shared memory; lane l gives the
+// address of row l%8 of matrix l/8 (16 bytes, 16-byte aligned) and gets
+// the mma fragment layout (row l/4, columns 2(l%4), +1 of each matrix).
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* row) {
+    const u32 a = (u32)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
 __device__ __forceinline__ void mma_16816(float* d, const u32* a, const u32* b) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "

@@ -212,6 +212,24 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
+// to_f16_rows: y[t*cols + j] = f16(x[t*ld + j]) for j < cols (a multiple
+//   of 4), every token t: a prefill GEMM's input converted once instead of
+//   once per tile of weight rows (gemm_common.cuh). Round to nearest even,
+//   as the GEMM's own conversion. Grid (ceil(cols/1024), tokens), block
+//   256, 4 values a thread.
+extern "C" __global__ void __launch_bounds__(256)
+    to_f16_rows(const float* __restrict__ x, long long ld, u16* __restrict__ y, int cols) {
+    PDL_PROLOGUE();
+    const int j = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (j < cols) {
+        const float4 f = *reinterpret_cast<const float4*>(x + (long long)blockIdx.y * ld + j);
+        uint2 h;
+        h.x = pack_h2(f.x, f.y);
+        h.y = pack_h2(f.z, f.w);
+        *reinterpret_cast<uint2*>(y + (long long)blockIdx.y * cols + j) = h;
+    }
+}
+
 // moe_combine_chunk: moe_combine for every token t of the chunk (grid
 //   (ceil(d/256), tokens)): x[t][j] += sum_i w[t*k+i] * ys[pair[t*k+i]*d + j]
 //   (+ sh[t*d + j] * sigmoid(sh_logit[t*sh_ld])), the routed sum in the

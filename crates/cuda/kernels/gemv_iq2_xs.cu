@@ -48,7 +48,8 @@ struct Iq2Xs {
     // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
     // and their columns in the block.
     static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
-                                               int sub, float* v) {
+                                               int sub, float* v,
+                                               const u64* grid_tab) {
         const uint2 g = __ldg(reinterpret_cast<const uint2*>(blk + 8 * sub));
         const u32 sc = __ldg(blk + 64 + sub);
         const u32 qw[2] = {g.x, g.y};
@@ -57,7 +58,7 @@ struct Iq2Xs {
 #pragma unroll
         for (int l = 0; l < 4; l++) {
             const u32 q = (qw[l >> 1] >> (16 * (l & 1))) & 0xffffu;
-            const u64 grid = __ldg(&iq2xs_grid[q & 511u]);
+            const u64 grid = grid_tab[q & 511u];
             const u32 code = q >> 9;
             const u32 signs = code | ((__popc(code) & 1) << 7);
 #pragma unroll
@@ -70,6 +71,10 @@ struct Iq2Xs {
             }
         }
     }
+    // The GEMM stages the grid in shared memory (gemm_common.cuh) and
+    // passes it to `deq`.
+    static constexpr int TABLE = 512;
+    static __device__ __forceinline__ u64 table(int i) { return iq2xs_grid[i]; }
     static __device__ __forceinline__ int col(int sub, int i) { return 32 * sub + i; }
 };
 

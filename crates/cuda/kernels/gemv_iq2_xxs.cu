@@ -44,13 +44,14 @@ struct Iq2Xxs {
     // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
     // and their columns in the block.
     static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
-                                               int sub, float* v) {
+                                               int sub, float* v,
+                                               const u64* grid_tab) {
         const uint2 g = __ldg(reinterpret_cast<const uint2*>(blk + 8 * sub));
         const u32 aux = g.y;
         const float db = h2f(__ldg(dd)) * (0.5f + (float)(aux >> 28)) * 0.25f;
 #pragma unroll
         for (int l = 0; l < 4; l++) {
-            const u64 grid = __ldg(&iq2xxs_grid[byte_of(g.x, l)]);
+            const u64 grid = grid_tab[byte_of(g.x, l)];
             const u32 code = (aux >> (7 * l)) & 127;
             const u32 signs = code | ((__popc(code) & 1) << 7);
 #pragma unroll
@@ -63,6 +64,10 @@ struct Iq2Xxs {
             }
         }
     }
+    // The GEMM stages the grid in shared memory (gemm_common.cuh) and
+    // passes it to `deq`.
+    static constexpr int TABLE = 256;
+    static __device__ __forceinline__ u64 table(int i) { return iq2xxs_grid[i]; }
     static __device__ __forceinline__ int col(int sub, int i) { return 32 * sub + i; }
 };
 

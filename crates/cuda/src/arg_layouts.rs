@@ -162,7 +162,7 @@ fn probes() -> Vec<Probe> {
             c_struct: "GemmArgs",
             size: size_of::<GemmArgs>(),
             fields: fields!(GemmArgs; "w" = w, "mat_bytes" = mat_bytes, "slots" = slots,
-                "tiles" = tiles, "x" = x, "gather" = gather, "y" = y, "ldx" = ldx,
+                "tiles" = tiles, "x" = x, "xh" = xh, "gather" = gather, "y" = y, "ldx" = ldx,
                 "ldy" = ldy, "rows" = rows, "nb" = nb, "n" = n, "pad" = pad),
         },
     ]

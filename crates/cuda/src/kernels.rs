@@ -200,6 +200,7 @@ pub const FILES: &[KernelFile] = &[
             "moe_combine_norm",
             "moe_combine_norm_v8",
             "add_bias_rows",
+            "to_f16_rows",
             "moe_combine_chunk",
         ],
     },

@@ -52,6 +52,10 @@ pub(super) struct ChunkBufs {
     gather: CudaSlice<i32>,
     pair_of: CudaSlice<i32>,
     tiles: CudaSlice<i32>,
+    /// The normed rows as f16 (the projections' and experts' input), and
+    /// a second input's (attention or DeltaNet output, SwiGLU output).
+    xh_in: CudaSlice<u16>,
+    xh_tmp: CudaSlice<u16>,
     /// Device bytes of all of the above.
     pub(super) bytes: usize,
 }
@@ -93,6 +97,7 @@ impl ChunkBufs {
         }
         let np = cap * pairs;
         let n_tiles = np.div_ceil(GEMM_TILE) + tiles;
+        let tmp_halves = (cap * qo.max(raw).max(ff)).max(np * pff);
         let s = &gpu.stream;
         let f = |n: usize| s.alloc_zeros::<f32>(n.max(1));
         let b = Self {
@@ -117,6 +122,8 @@ impl ChunkBufs {
             gather: s.alloc_zeros(np.max(1))?,
             pair_of: s.alloc_zeros(np.max(1))?,
             tiles: s.alloc_zeros(3 * n_tiles.max(1))?,
+            xh_in: s.alloc_zeros((cap * d).max(1))?,
+            xh_tmp: s.alloc_zeros(tmp_halves.max(1))?,
             bytes: 0,
         };
         let floats = 4 * cap * d
@@ -124,8 +131,9 @@ impl ChunkBufs {
             + cap * kmax
             + np * (2 * pff + d);
         let words = 2 * cap * kmax + 2 * np + 3 * n_tiles;
+        let halves = cap * d + tmp_halves;
         Ok(Self {
-            bytes: 4 * (floats + words),
+            bytes: 4 * (floats + words) + 2 * halves,
             ..b
         })
     }
@@ -181,6 +189,19 @@ fn gemm_in(gpu: &Gpu, r: Rows, n: usize, cols: usize) -> Result<GemmIn> {
         x: r.ptr(gpu, n, cols)?,
         ldx: r.ld,
         gather: None,
+        f16: false,
+    })
+}
+
+/// The chunk's `n` rows of `r` converted to f16 into `xh` (compact rows of
+/// `cols`), as the input of every tensor-core GEMM that reads them: once,
+/// instead of once per tile of weight rows inside each GEMM.
+fn half_in(gpu: &Gpu, r: Rows, n: usize, cols: usize, xh: &CudaSlice<u16>) -> Result<GemmIn> {
+    Ok(GemmIn {
+        x: ops::to_f16_rows(gpu, r, n, cols, xh)?,
+        ldx: cols,
+        gather: None,
+        f16: true,
     })
 }
 
@@ -191,20 +212,34 @@ fn gemm_out(gpu: &Gpu, r: Rows, n: usize, rows: usize) -> Result<GemmOut> {
     })
 }
 
-/// Every group of `p` over the chunk's `n` input rows, into `buf` (group
-/// after group), biases added; F32 groups exactly (routers).
-fn run_proj(gpu: &Gpu, p: &Proj, input: Rows, n: usize, buf: &CudaSlice<f32>) -> Result<ProjOut> {
+/// Every group of `p` over the chunk's `n` input rows (`input`, and the
+/// same rows in f16 as `half`), into `buf` (group after group), biases
+/// added; F32 groups exactly from the f32 rows (routers).
+fn run_proj(
+    gpu: &Gpu,
+    p: &Proj,
+    input: Rows,
+    half: GemmIn,
+    n: usize,
+    buf: &CudaSlice<f32>,
+) -> Result<ProjOut> {
     let mut groups = Vec::with_capacity(p.groups.len());
     let mut at = 0;
     for ((m, _), bias) in p.groups.iter().zip(&p.biases) {
         let out = Rows::new(buf, at, m.rows);
-        m.gemm(
-            gpu,
-            m.layout.ty == GgmlType::F32,
-            n,
-            gemm_in(gpu, input, n, m.cols)?,
-            gemm_out(gpu, out, n, m.rows)?,
-        )?;
+        let exact = m.layout.ty == GgmlType::F32;
+        let gin = if exact {
+            gemm_in(gpu, input, n, m.cols)?
+        } else {
+            ensure!(
+                half.ldx == m.cols,
+                "projection input of {} values, f16 rows of {}",
+                m.cols,
+                half.ldx
+            );
+            half
+        };
+        m.gemm(gpu, exact, n, gin, gemm_out(gpu, out, n, m.rows)?)?;
         if let Some(b) = bias {
             ops::add_bias_rows(gpu, out, b, n)?;
         }
@@ -219,34 +254,30 @@ struct FfnBufs<'a> {
     g: &'a CudaSlice<f32>,
     u: &'a CudaSlice<f32>,
     out: &'a CudaSlice<f32>,
+    /// The SwiGLU output in f16 (the down projection's input).
+    half: &'a CudaSlice<u16>,
 }
 
-/// `out = down(SiLU(gate h) * up h)` for the chunk's rows.
-fn run_ffn(gpu: &Gpu, f: &FfnOp, h: Rows, n: usize, cb: &FfnBufs) -> Result<()> {
+/// `out = down(SiLU(gate h) * up h)` for the chunk's rows (`h`: the
+/// input rows in f16).
+fn run_ffn(gpu: &Gpu, f: &FfnOp, h: GemmIn, n: usize, cb: &FfnBufs) -> Result<()> {
     let ff = f.gate.rows;
     let d = f.down.rows;
+    ensure!(
+        h.ldx == f.gate.cols && h.ldx == f.up.cols,
+        "FFN input of {} values",
+        h.ldx
+    );
     let (g, u) = (Rows::new(cb.g, 0, ff), Rows::new(cb.u, 0, ff));
-    f.gate.gemm(
-        gpu,
-        false,
-        n,
-        gemm_in(gpu, h, n, f.gate.cols)?,
-        gemm_out(gpu, g, n, ff)?,
-    )?;
-    f.up.gemm(
-        gpu,
-        false,
-        n,
-        gemm_in(gpu, h, n, f.up.cols)?,
-        gemm_out(gpu, u, n, ff)?,
-    )?;
+    f.gate.gemm(gpu, false, n, h, gemm_out(gpu, g, n, ff)?)?;
+    f.up.gemm(gpu, false, n, h, gemm_out(gpu, u, n, ff)?)?;
     ops::swiglu(gpu, (cb.g, 0), (cb.u, 0), cb.g, None, n * ff)?;
     let out = Rows::new(cb.out, 0, d);
     f.down.gemm(
         gpu,
         false,
         n,
-        gemm_in(gpu, g, n, ff)?,
+        half_in(gpu, g, n, ff, cb.half)?,
         gemm_out(gpu, out, n, d)?,
     )
 }
@@ -403,13 +434,17 @@ impl CudaDecoder {
             gather,
             pair_of,
             tiles,
+            xh_in,
+            xh_tmp,
             ..
         } = cb;
+        let (xh_in, xh_tmp) = (&*xh_in, &*xh_tmp);
         let (cx, ch, cmix, proj) = (&*cx, &*ch, &*cmix, &*proj);
         let ffn_bufs = FfnBufs {
             g: ffn_g,
             u: ffn_u,
             out: ffn_out,
+            half: xh_tmp,
         };
         let hr = Rows::new(ch, 0, d);
         let mixr = Rows::new(cmix, 0, d);
@@ -430,7 +465,8 @@ impl CudaDecoder {
                     lap!("RMSNorm (+ residual add)", 1);
                 }
                 Op::Attn(a) => {
-                    let po = run_proj(gpu, &a.qkv, hr, n, proj)?;
+                    let h16 = half_in(gpu, hr, n, d, xh_in)?;
+                    let po = run_proj(gpu, &a.qkv, hr, h16, n, proj)?;
                     lap!("attention: q|k|v GEMM", a.qkv.groups.len());
                     let (qf, k, v) = (
                         po.part(&a.qkv, proj, 0),
@@ -465,13 +501,14 @@ impl CudaDecoder {
                         gpu,
                         false,
                         n,
-                        gemm_in(gpu, o, n, qd)?,
+                        half_in(gpu, o, n, qd, xh_tmp)?,
                         gemm_out(gpu, mixr, n, d)?,
                     )?;
                     lap!("attention: output GEMM", 1);
                 }
                 Op::Gdn(g) => {
-                    let po = run_proj(gpu, &g.inp, hr, n, proj)?;
+                    let h16 = half_in(gpu, hr, n, d, xh_in)?;
+                    let po = run_proj(gpu, &g.inp, hr, h16, n, proj)?;
                     lap!("DeltaNet: qkv|z|ba GEMM", g.inp.groups.len());
                     let w = GdnWeights {
                         conv_w: &g.conv_w,
@@ -506,7 +543,7 @@ impl CudaDecoder {
                         gpu,
                         false,
                         n,
-                        gemm_in(gpu, o, n, vd)?,
+                        half_in(gpu, o, n, vd, xh_tmp)?,
                         gemm_out(gpu, mixr, n, d)?,
                     )?;
                     lap!("DeltaNet: output GEMM", 1);
@@ -517,7 +554,8 @@ impl CudaDecoder {
                         lap!("RMSNorm (+ residual add)", 1);
                     }
                     let x = &m.x;
-                    let po = run_proj(gpu, &m.router, hr, n, proj)?;
+                    let h16 = half_in(gpu, hr, n, d, xh_in)?;
+                    let po = run_proj(gpu, &m.router, hr, h16, n, proj)?;
                     let logits = po.part(&m.router, proj, 0);
                     ops::router_topk_chunk(
                         gpu,
@@ -545,9 +583,8 @@ impl CudaDecoder {
                     lap!("MoE: routes to the host, tiles back", 0);
                     let ff = x.gate.rows;
                     let gather_in = GemmIn {
-                        x: hr.ptr(gpu, n, d)?,
-                        ldx: d,
                         gather: Some(crate::device::dptr(gpu, Some(&*gather))),
+                        ..h16
                     };
                     let (pg, pu, pd) = (
                         Rows::new(&*pair_g, 0, ff),
@@ -579,7 +616,7 @@ impl CudaDecoder {
                         n_tiles,
                         rt.max_expert,
                         np,
-                        gemm_in(gpu, pg, np, ff)?,
+                        half_in(gpu, pg, np, ff, xh_tmp)?,
                         gemm_out(gpu, pd, np, d)?,
                     )?;
                     lap!(
@@ -588,7 +625,7 @@ impl CudaDecoder {
                     );
                     let shared = match &m.shared {
                         Some(s) => {
-                            run_ffn(gpu, s, hr, n, &ffn_bufs)?;
+                            run_ffn(gpu, s, h16, n, &ffn_bufs)?;
                             Some(SharedRows {
                                 out: ffn_bufs.out,
                                 logit: m.has_shared_gate.then(|| po.part(&m.router, proj, 1)),
@@ -609,7 +646,8 @@ impl CudaDecoder {
                     lap!("MoE: combine + next RMSNorm", 2);
                 }
                 Op::Dense(f) => {
-                    run_ffn(gpu, f, hr, n, &ffn_bufs)?;
+                    let h16 = half_in(gpu, hr, n, d, xh_in)?;
+                    run_ffn(gpu, f, h16, n, &ffn_bufs)?;
                     ops::add_inplace(gpu, cx, ffn_bufs.out, n * d)?;
                     lap!("dense FFN (GEMMs)", 5);
                 }

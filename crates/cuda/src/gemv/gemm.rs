@@ -25,6 +25,7 @@ pub struct GemmArgs {
     pub slots: u64,
     pub tiles: u64,
     pub x: u64,
+    pub xh: u64,
     pub gather: u64,
     pub y: u64,
     pub ldx: i64,
@@ -39,13 +40,15 @@ pub struct GemmArgs {
 // value as the `GemmArgs` it mirrors (checked field by field in the tests).
 unsafe impl DeviceRepr for GemmArgs {}
 
-/// Activation rows in: `x` (f32 device address) rows `ldx` floats apart,
-/// row p read from `gather[p]` when a gather list is given.
+/// Activation rows in: `x` (device address of f32 values, or of f16 ones
+/// when `f16`) rows `ldx` values apart, row p read from `gather[p]` when a
+/// gather list is given.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmIn {
     pub x: u64,
     pub ldx: usize,
     pub gather: Option<u64>,
+    pub f16: bool,
 }
 
 /// Output rows: `y` (f32 device address) rows `ldy` floats apart.
@@ -98,9 +101,15 @@ fn launch(
         input.ldx,
         out.ldy
     );
+    // 16-byte loads of 4 f32 or 8 f16 values.
+    let per_load = if input.f16 { 8 } else { 4 };
     ensure!(
-        input.x.is_multiple_of(16) && input.ldx.is_multiple_of(4),
+        input.x.is_multiple_of(16) && input.ldx.is_multiple_of(per_load),
         "gemm: activation rows must be 16-byte aligned"
+    );
+    ensure!(
+        !(input.f16 && exact),
+        "gemm: the exact f32 kernel reads f32 activations"
     );
     ensure!(rows >= 1 && rows <= i32::MAX as usize && nb <= i32::MAX as usize);
     let n_tiles = match tiles {
@@ -121,7 +130,8 @@ fn launch(
         mat_bytes: mat_bytes as u64,
         slots: 0,
         tiles: tiles.map_or(0, |(t, _)| dptr(gpu, Some(t))),
-        x: input.x,
+        x: if input.f16 { 0 } else { input.x },
+        xh: if input.f16 { input.x } else { 0 },
         gather: input.gather.unwrap_or(0),
         y: out.y,
         ldx: input.ldx as i64,
@@ -273,17 +283,18 @@ pub struct RouteTiles {
 mod tests {
     use super::*;
 
-    /// The struct the kernel reads by value: 7 pointers, 2 i64, 4 i32 =
-    /// 88 bytes, fields at the offsets C gives the same declaration.
+    /// The struct the kernel reads by value: 8 pointers, 2 i64, 4 i32 =
+    /// 96 bytes, fields at the offsets C gives the same declaration.
     #[test]
     fn gemm_args_layout_matches_the_kernel_struct() {
-        assert_eq!(std::mem::size_of::<GemmArgs>(), 88);
+        assert_eq!(std::mem::size_of::<GemmArgs>(), 96);
         assert_eq!(std::mem::align_of::<GemmArgs>(), 8);
         let a = GemmArgs::default();
         let base = &a as *const GemmArgs as usize;
-        assert_eq!(&a.ldx as *const i64 as usize - base, 56);
-        assert_eq!(&a.rows as *const i32 as usize - base, 72);
-        assert_eq!(&a.pad as *const i32 as usize - base, 84);
+        assert_eq!(&a.xh as *const u64 as usize - base, 40);
+        assert_eq!(&a.ldx as *const i64 as usize - base, 64);
+        assert_eq!(&a.rows as *const i32 as usize - base, 80);
+        assert_eq!(&a.pad as *const i32 as usize - base, 92);
     }
 
     /// Every (token, choice) lands in exactly one tile of its expert, the

@@ -477,6 +477,41 @@ pub fn add_bias_rows(gpu: &Gpu, y: Rows, b: &CudaSlice<f32>, tokens: usize) -> R
     }
 }
 
+/// `y[t] = f16(x[t])`: `tokens` rows of `cols` floats (a multiple of 4,
+/// rows 16-byte aligned) into `y` as compact f16 rows; returns y's device
+/// address (a prefill GEMM reads it as `GemmIn { f16: true, ldx: cols }`).
+pub fn to_f16_rows(
+    gpu: &Gpu,
+    x: Rows,
+    tokens: usize,
+    cols: usize,
+    y: &CudaSlice<u16>,
+) -> Result<u64> {
+    let xp = x.ptr(gpu, tokens, cols)?;
+    ensure!(
+        cols.is_multiple_of(4) && x.ld.is_multiple_of(4) && xp.is_multiple_of(16),
+        "to_f16_rows: rows of {cols} floats {} apart must be 16-byte aligned",
+        x.ld
+    );
+    ensure!(
+        tokens <= 65535 && y.len() >= tokens * cols,
+        "to_f16_rows: {tokens} rows of {cols} into {}",
+        y.len()
+    );
+    let (ld, cols_i, yp) = (x.ld as i64, i32_of(cols)?, dptr(gpu, Some(y)));
+    // SAFETY: to_f16_rows(x, ld, y, cols); grid (ceil(cols/1024), tokens):
+    // x holds `tokens` rows of `cols` floats `ld` apart (checked by `ptr`),
+    // y at least tokens*cols halves (checked above); 16-byte aligned loads.
+    unsafe {
+        gpu.launch(
+            "to_f16_rows",
+            cfg(((cols as u32).div_ceil(1024), tokens as u32), 256),
+            &[&xp, &ld, &yp, &cols_i],
+        )?;
+    }
+    Ok(yp)
+}
+
 /// The shared expert's part of a chunk's combine: its outputs (rows of d)
 /// and its gate logits (one per token, `Rows` of width 1).
 pub struct SharedRows<'a> {

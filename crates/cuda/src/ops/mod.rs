@@ -25,8 +25,8 @@ pub use attention::{
 pub use attn_prep::{attn_prep, AttnPrepArgs};
 pub use chunk::{
     add_bias_rows, attn_chunk, attn_prep_chunk, flash_smem_bytes, gdn_chunk, gdn_chunk_split,
-    moe_combine_chunk, router_topk_chunk, AttnChunkArgs, GdnChunkScratch, GdnRecurArgs,
-    MoeCombineChunkArgs, Rows, SharedRows, FLASH_ROWS,
+    moe_combine_chunk, router_topk_chunk, to_f16_rows, AttnChunkArgs, GdnChunkScratch,
+    GdnRecurArgs, MoeCombineChunkArgs, Rows, SharedRows, FLASH_ROWS,
 };
 pub use deltanet::{gdn_step, GdnDims, GdnWeights, GDN_THREADS};
 pub use elementwise::{add_inplace, moe_combine, swiglu, MoeCombineNormArgs, NextNorm};
