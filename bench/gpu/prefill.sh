@@ -24,6 +24,11 @@
 #   budget    iq2 file under --memory 8G (Red Lite) against llama.cpp
 #             -ncmoe 35: pp512
 #   cf2q4km   cf2 and q4km synth files: pp2048, both engines
+#   ab        iq2 file: prompt tok/s at PP, the binary under test against
+#             BASE (default .bench-bin/redlite-base, carried beside it),
+#             alternating, ROUNDS rounds (default 2)
+#   gdncols   iq2 file: pp2048 with REDLITE_CUDA_GDN_COLS 8, 16, 32
+#             (state columns a block of the DeltaNet chunk recurrence)
 #   ncu       iq2 file, Nsight Compute on the prefill kernels of one
 #             2048-token chunk (NCU_KERNELS, a regex; default the GEMMs and
 #             the DeltaNet chunk kernel): speed of light, occupancy, warp
@@ -118,6 +123,22 @@ for s in ${STEPS:-build selftest parity pp budget}; do
           ll_pp "$M" -p 2048 -n 0 -r "${REPS:-2}" -ub 2048 -b 2048
         fi
         rm -f "$M"
+      done ;;
+    ab)
+      M=$(synth_file iq2); B="${BASE:-$ROOT/.bench-bin/redlite-base}"
+      for round in $(seq "${ROUNDS:-2}"); do
+        for bin in "$B" "$R"; do
+          echo "== round $round: $(basename "$bin")"
+          timeout 300 "$bin" bench model -m "$M" --device cuda -p "${PP:-512,2048,8192}" -n 0 -r 2 2>/dev/null | grep "^| qwen"
+        done
+      done ;;
+    gdncols)
+      M=$(synth_file iq2)
+      for round in 1 2; do
+        for c in 8 16 32; do
+          echo "== round $round: REDLITE_CUDA_GDN_COLS=$c"
+          REDLITE_CUDA_GDN_COLS=$c timeout 300 "$R" bench model -m "$M" --device cuda -p 2048 -n 0 -r 2 2>/dev/null | grep "^| qwen"
+        done
       done ;;
     ncu)
       NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -535,6 +535,7 @@ impl CudaDecoder {
                         n,
                         g.eps,
                         L2_EPS,
+                        self.tuning.gdn_cols as usize,
                     )?;
                     lap!("DeltaNet: conv, norms, recurrence, gated norm", 5);
                     let vd = g.dims.n_v * g.dims.dv;

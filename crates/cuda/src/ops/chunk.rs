@@ -259,11 +259,13 @@ pub fn attn_chunk(
 
 /// The columns a block of the chunk recurrence takes (W: two a warp) and
 /// its variant (`gdn_recur_chunk_k{dk}`: dk/32 state rows a lane), for
-/// these shapes: 32 columns where dv is whole 32s (the models' dv 128:
-/// 4 blocks a head, 512 threads), else all dv (<= 32, even) in one block.
-pub fn gdn_chunk_split(s: &GdnDims) -> Option<(usize, &'static str)> {
-    let w = if s.dv.is_multiple_of(32) {
-        32
+/// these shapes: `max_cols` (8, 16 or 32; `CudaTuning::gdn_cols`) columns
+/// where dv is whole multiples of it (the models' dv 128 at 32: 4 blocks a
+/// head, 512 threads), else all dv (<= 32, even) in one block.
+pub fn gdn_chunk_split(s: &GdnDims, max_cols: usize) -> Option<(usize, &'static str)> {
+    let max_cols = max_cols.clamp(2, 32) & !1;
+    let w = if s.dv.is_multiple_of(max_cols) {
+        max_cols
     } else if s.dv <= 32 && s.dv.is_multiple_of(2) {
         s.dv
     } else {
@@ -290,7 +292,7 @@ pub struct GdnChunkScratch<'a> {
 
 /// A Gated DeltaNet layer over `tokens` tokens at positions `pos0..`:
 /// conv + SiLU, the ring update, the state recurrence, the gated norm
-/// into `out` (rows of n_v*dv).
+/// into `out` (rows of n_v*dv); `max_cols`: see [`gdn_chunk_split`].
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_chunk(
     gpu: &Gpu,
@@ -307,10 +309,11 @@ pub fn gdn_chunk(
     tokens: usize,
     eps: f32,
     l2_eps: f32,
+    max_cols: usize,
 ) -> Result<()> {
     s.check()?;
     let (cd, vd, kk) = (s.conv_dim(), s.n_v * s.dv, s.conv_kernel);
-    let (w_cols, recur) = gdn_chunk_split(s).ok_or_else(|| {
+    let (w_cols, recur) = gdn_chunk_split(s, max_cols).ok_or_else(|| {
         crate::error::CudaError::Invalid(format!("DeltaNet chunk: no kernel for {s:?}"))
     })?;
     ensure!(

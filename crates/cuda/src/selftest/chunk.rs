@@ -450,7 +450,11 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             conv_kernel: s.conv_kernel,
         };
         let (cd, vd, k) = (d.conv_dim(), s.n_v * s.dv, s.conv_kernel);
-        for n in [1usize, 3, 21] {
+        // Every column split the tuning allows (CudaTuning::gdn_cols).
+        let cases = [1usize, 3, 21]
+            .into_iter()
+            .flat_map(|n| [8usize, 16, 32].map(|c| (n, c)));
+        for (n, max_cols) in cases {
             let conv_w = scaled(cd * k, -0.5, 0.5, rng);
             let dt_bias = random_vec(s.n_v, rng);
             let ssm_a = scaled(s.n_v, -1.1, -0.1, rng);
@@ -498,6 +502,7 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
                 n,
                 1e-6,
                 1e-6,
+                max_cols,
             )?;
             let o = down(gpu, &od)?;
             let mut win: Vec<f64> = win0.iter().map(|&v| v as f64).collect();
