@@ -56,7 +56,7 @@ GEMM_KERNEL(gemm_f32h, F32W)
 // threads of 4 x 4 outputs. Arguments and tiles as gemm_common.cuh.
 extern "C" __global__ void __launch_bounds__(256) gemm_f32(const GemmArgs a) {
     PDL_PROLOGUE();
-    __shared__ float Ws[16][68], Xs[16][68];
+    __shared__ __align__(16) float Ws[16][68], Xs[16][68];
     const int ty = blockIdx.y;
     int m = 0, p0, p1;
     if (a.tiles) {
@@ -97,12 +97,10 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f32(const GemmArgs a) {
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < 16; kk++) {
-            float wr[4], xr[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                wr[i] = Ws[kk][tr * 4 + i];
-                xr[i] = Xs[kk][tp * 4 + i];
-            }
+            // One 16-byte load each (rows of 68 floats keep them aligned).
+            const float4 w4 = *reinterpret_cast<const float4*>(&Ws[kk][tr * 4]);
+            const float4 x4 = *reinterpret_cast<const float4*>(&Xs[kk][tp * 4]);
+            const float wr[4] = {w4.x, w4.y, w4.z, w4.w}, xr[4] = {x4.x, x4.y, x4.z, x4.w};
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
