@@ -7,20 +7,13 @@
 //! machine the release binary runs the same checks (`redlite parity`).
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use redlite_engine::parity::{checkpoint_roundtrip, compare};
-use redlite_engine::{Activations, BackendOptions, Device, Engine, MemoryRequest, Model};
-use std::sync::Arc;
+use redlite_engine::{Activations, BackendOptions, Device, Engine};
 
 fn engine(path: &str, reference: bool, opts: &BackendOptions, ctx: usize) -> Engine {
-    let file = Arc::new(redlite_gguf::GgufFile::open(path).unwrap());
-    let mut model = Model::load(file, Default::default()).unwrap();
-    model.set_reference(reference);
-    let mem = MemoryRequest {
-        ctx,
-        sessions: 2,
-        ..Default::default()
-    };
-    Engine::open(model, opts, &mem).unwrap()
+    common::open(std::path::Path::new(path), reference, opts, ctx, 2)
 }
 
 #[test]

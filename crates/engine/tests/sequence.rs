@@ -7,32 +7,16 @@
 //! what this guards is that checkpoint/restore loses nothing: KV rows,
 //! the DeltaNet conv window and recurrent state, and the position.
 
+mod common;
+
+use common::{cpu_engine, fixture, PROMPT};
 use redlite_engine::{BackendOptions, Engine, Logits, MemoryRequest, Model};
-use std::path::PathBuf;
 use std::sync::Arc;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/qwen3next")
-        .join(name)
-}
-
 fn engine(name: &str, ctx: usize, sessions: usize) -> Engine {
-    let file = Arc::new(redlite_gguf::GgufFile::open(fixture(name)).expect("fixture opens"));
-    let model = Model::load(file, Default::default()).expect("fixture loads");
-    Engine::open(
-        model,
-        &BackendOptions::default(),
-        &MemoryRequest {
-            ctx,
-            sessions,
-            ..Default::default()
-        },
-    )
-    .expect("engine opens")
+    cpu_engine(name, ctx, sessions)
 }
 
-const PROMPT: [u32; 9] = [1, 17, 33, 5, 250, 7, 91, 12, 3];
 const NEXT: [u32; 4] = [40, 41, 42, 43];
 const DETOUR: [u32; 3] = [99, 98, 97];
 

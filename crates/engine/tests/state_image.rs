@@ -5,32 +5,17 @@
 //! positions than the context) is refused with an error naming what
 //! differs, not a panic. The GPU side of the same checks is in `gpu.rs`.
 
+mod common;
+
+use common::{cpu_engine, PROMPT};
 use redlite_engine::parity::{state_handoff, state_roundtrip};
-use redlite_engine::{BackendOptions, Engine, Logits, MemoryRequest, Model};
+use redlite_engine::{Engine, Logits};
 use redlite_model::{KvData, LayerImage, StateImage};
 use std::borrow::Cow;
-use std::path::PathBuf;
-use std::sync::Arc;
 
 fn engine(name: &str, ctx: usize) -> Engine {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/qwen3next")
-        .join(name);
-    let file = Arc::new(redlite_gguf::GgufFile::open(path).expect("fixture opens"));
-    let model = Model::load(file, Default::default()).expect("fixture loads");
-    Engine::open(
-        model,
-        &BackendOptions::default(),
-        &MemoryRequest {
-            ctx,
-            sessions: 2,
-            ..Default::default()
-        },
-    )
-    .expect("engine opens")
+    cpu_engine(name, ctx, 2)
 }
-
-const PROMPT: [u32; 9] = [1, 17, 33, 5, 250, 7, 91, 12, 3];
 
 /// The expected tokens are the receiving sequence's own straight run (the
 /// run itself is checked against llama.cpp's logits on this fixture in
