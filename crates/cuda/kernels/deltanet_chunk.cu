@@ -87,10 +87,8 @@ extern "C" __global__ void __launch_bounds__(256)
 // l+32, ... (RPL = dk/32 of them) of both in registers for the whole
 // chunk: u = S^T k and o = S^T q are warp sums (shuffles), no block
 // barrier inside a token. One barrier a token publishes the next token's
-// k, q, v and gates (double-buffered in shared memory), which the threads
-// loaded into registers two tokens ahead: a token's math is shorter than
-// a load from L2, so loads issued one token ahead (and the gate input a
-// read at publish time, as before) stalled every token.
+// k, q, v and gates, which every thread loaded into registers before the
+// current token's math (double-buffered in shared memory).
 #define GDN_MAXE 4
 template <int RPL>
 __device__ __forceinline__ void gdn_recur_body(const float* __restrict__ conv,
@@ -115,8 +113,8 @@ __device__ __forceinline__ void gdn_recur_body(const float* __restrict__ conv,
 #pragma unroll
         for (int cc = 0; cc < 2; cc++) S[q][cc] = st[(long long)(l + 32 * q) * dv + ja + cc];
     const float dtb = __ldg(&dt_bias[h]), sa_h = __ldg(&ssm_a[h]);
-    // Staging: element e < dk: k[e]; < 2dk: q; < 2dk+W: v; 2dk+W and
-    // 2dk+W+1: the gate inputs b and a.
+    // Staging: element e < dk: k[e]; < 2dk: q; < 2dk+W: v; == 2dk+W: the
+    // gates (b, a).
     auto fetch = [&](int tok, float* reg) {
         const float* x = conv + (long long)tok * cd;
 #pragma unroll
@@ -131,12 +129,10 @@ __device__ __forceinline__ void gdn_recur_body(const float* __restrict__ conv,
                 v = __ldg(&x[2 * kd + h * dv + j0 + (e - 2 * dk)]);
             else if (e == 2 * dk + W)
                 v = __ldg(&ba[(long long)tok * ld_ba + kh * 2 * r + jj]);
-            else if (e == 2 * dk + W + 1)
-                v = __ldg(&ba[(long long)tok * ld_ba + kh * 2 * r + r + jj]);
             reg[m] = v;
         }
     };
-    auto publish = [&](int buf, const float* reg) {
+    auto publish = [&](int tok, int buf, const float* reg) {
 #pragma unroll
         for (int m = 0; m < GDN_MAXE; m++) {
             const int e = t + m * (int)blockDim.x;
@@ -146,26 +142,21 @@ __device__ __forceinline__ void gdn_recur_body(const float* __restrict__ conv,
                 sq[buf][e - dk] = reg[m];
             else if (e < 2 * dk + W)
                 sv[buf][e - 2 * dk] = reg[m];
-            else if (e == 2 * dk + W)
+            else if (e == 2 * dk + W) {
+                const float a_in = __ldg(&ba[(long long)tok * ld_ba + kh * 2 * r + r + jj]);
                 sg[buf][0] = sigmoid_f(reg[m]);
-            else if (e == 2 * dk + W + 1) {
-                const float g = __fmul_rn(sa_h, softplus_c(__fadd_rn(reg[m], dtb)));
+                const float g = __fmul_rn(sa_h, softplus_c(__fadd_rn(a_in, dtb)));
                 sg[buf][1] = expf(g);
             }
         }
     };
-    // Token j's staged values live in ra (j even) or rb (j odd); the loop
-    // runs two tokens a step so neither is indexed at run time.
-    float ra[GDN_MAXE], rb[GDN_MAXE];
-    fetch(0, ra);
-    publish(0, ra);
-    if (tokens > 1) fetch(1, rb);
+    float reg[GDN_MAXE];
+    fetch(0, reg);
+    publish(0, 0, reg);
     __syncthreads();
-    // Token `tok` from shared buffer tok&1; `nxt` holds token tok+1 (to
-    // publish), `spare` receives token tok+2.
-    auto step = [&](int tok, float* nxt, float* spare) {
+    for (int tok = 0; tok < tokens; tok++) {
         const int cur = tok & 1;
-        if (tok + 2 < tokens) fetch(tok + 2, spare);
+        if (tok + 1 < tokens) fetch(tok + 1, reg);
         const float beta = sg[cur][0], decay = sg[cur][1];
         float kk[RPL], qq[RPL];
 #pragma unroll
@@ -200,12 +191,8 @@ __device__ __forceinline__ void gdn_recur_body(const float* __restrict__ conv,
 #pragma unroll
             for (int cc = 0; cc < 2; cc++) ov[cc] += __shfl_xor_sync(0xffffffffu, ov[cc], o);
         if (l < 2) raw[(long long)tok * n_v * dv + h * dv + ja + l] = l == 0 ? ov[0] : ov[1];
-        if (tok + 1 < tokens) publish(cur ^ 1, nxt);
+        if (tok + 1 < tokens) publish(tok + 1, cur ^ 1, reg);
         __syncthreads();
-    };
-    for (int tok = 0; tok < tokens; tok += 2) {
-        step(tok, rb, ra);
-        if (tok + 1 < tokens) step(tok + 1, ra, rb);
     }
 #pragma unroll
     for (int q = 0; q < RPL; q++)

@@ -278,9 +278,9 @@ pub fn gdn_chunk_split(s: &GdnDims, max_cols: usize) -> Option<(usize, &'static 
         256 => "gdn_recur_chunk_k256",
         _ => return None,
     };
-    // Each thread stages at most GDN_MAXE (4) of a token's 2dk + W + 2
-    // values (k, q, v, the two gate inputs).
-    (2 * s.dk + w + 2 <= 4 * 16 * w).then_some((w, name))
+    // Each thread stages at most GDN_MAXE (4) of a token's 2dk + W + 1
+    // values (k, q, v, gates).
+    (2 * s.dk + w < 4 * 16 * w).then_some((w, name))
 }
 
 /// Scratch of a DeltaNet chunk: the conv outputs and the unnormalised
