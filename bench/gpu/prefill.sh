@@ -27,8 +27,6 @@
 #   ab        iq2 file: prompt tok/s at PP, the binary under test against
 #             BASE (default .bench-bin/redlite-base, carried beside it),
 #             alternating, ROUNDS rounds (default 2)
-#   gdncols   iq2 file: pp2048 with REDLITE_CUDA_GDN_COLS 8, 16, 32
-#             (state columns a block of the DeltaNet chunk recurrence)
 #   ncu       iq2 file, Nsight Compute on the prefill kernels of one
 #             2048-token chunk (NCU_KERNELS, a regex; default the GEMMs and
 #             the DeltaNet chunk kernel): speed of light, occupancy, warp
@@ -132,20 +130,12 @@ for s in ${STEPS:-build selftest parity pp budget}; do
           timeout 300 "$bin" bench model -m "$M" --device cuda -p "${PP:-512,2048,8192}" -n 0 -r 2 2>/dev/null | grep "^| qwen"
         done
       done ;;
-    gdncols)
-      M=$(synth_file iq2)
-      for round in 1 2; do
-        for c in 8 16 32; do
-          echo "== round $round: REDLITE_CUDA_GDN_COLS=$c"
-          REDLITE_CUDA_GDN_COLS=$c timeout 300 "$R" bench model -m "$M" --device cuda -p 2048 -n 0 -r 2 2>/dev/null | grep "^| qwen"
-        done
-      done ;;
     ncu)
       NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       if [[ -z $NCU ]]; then echo "== ncu: not installed"; ls /usr/local/cuda/bin | head -50; continue; fi
       M=$(synth_file iq2)
-      echo "== ncu ($NCU), iq2 pp2048, kernels ${NCU_KERNELS:-gemm|deltanet_chunk}"
-      timeout 400 "$NCU" --kernel-name "regex:${NCU_KERNELS:-gemm|deltanet_chunk}" --launch-skip "${NCU_SKIP:-40}" \
+      echo "== ncu ($NCU), iq2 pp2048, kernels ${NCU_KERNELS:-gemm|gdn_}"
+      timeout 400 "$NCU" --kernel-name "regex:${NCU_KERNELS:-gemm|gdn_}" --launch-skip "${NCU_SKIP:-40}" \
         --launch-count "${NCU_COUNT:-12}" --section SpeedOfLight --section Occupancy --section WarpStateStats \
         --section ComputeWorkloadAnalysis --section LaunchStats --section MemoryWorkloadAnalysis \
         "$R" bench model -m "$M" --device cuda -p 2048 -n 0 -r 1 >"$OUT/ncu.txt" 2>&1

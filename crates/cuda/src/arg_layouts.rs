@@ -19,8 +19,8 @@ use crate::expert_cache::{ExpertFetchArgs, ExpertPlanArgs, FetchProj};
 use crate::gemv::{GemmArgs, GemvQ8Args};
 use crate::kernels::{expand, nvrtc_options, FILES};
 use crate::ops::{
-    AttnChunkArgs, AttnMergeArgs, AttnPrepArgs, AttnSplitArgs, GdnRecurArgs, MoeCombineChunkArgs,
-    MoeCombineNormArgs, RmsNormArgs, RouterGemvArgs,
+    AttnChunkArgs, AttnMergeArgs, AttnPrepArgs, AttnSplitArgs, GdnRecurArgs, GdnWyArgs,
+    MoeCombineChunkArgs, MoeCombineNormArgs, RmsNormArgs, RouterGemvArgs,
 };
 use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
@@ -117,6 +117,15 @@ fn probes() -> Vec<Probe> {
             fields: fields!(GdnRecurArgs; "conv" = conv, "ba" = ba, "ld_ba" = ld_ba,
                 "dt_bias" = dt_bias, "ssm_a" = ssm_a, "state" = state, "raw" = raw,
                 "n_k" = n_k, "n_v" = n_v, "dk" = dk, "dv" = dv, "W" = w, "tokens" = tokens),
+        },
+        Probe {
+            file: "deltanet_wy.cu",
+            c_struct: "GdnWyArgs",
+            size: size_of::<GdnWyArgs>(),
+            fields: fields!(GdnWyArgs; "conv" = conv, "ba" = ba, "ld_ba" = ld_ba,
+                "dt_bias" = dt_bias, "ssm_a" = ssm_a, "wy" = wy, "state" = state, "raw" = raw,
+                "n_k" = n_k, "n_v" = n_v, "dk" = dk, "dv" = dv, "tokens" = tokens,
+                "n_sub" = n_sub),
         },
         Probe {
             file: "attn_chunk.cu",
@@ -228,7 +237,7 @@ fn kernel_arg_structs_match_their_c_layout() {
         return;
     }
     let probes = probes();
-    assert_eq!(probes.len(), 13);
+    assert_eq!(probes.len(), 14);
     for p in &probes {
         let file = FILES
             .iter()

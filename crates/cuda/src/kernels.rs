@@ -168,6 +168,16 @@ pub const FILES: &[KernelFile] = &[
         ],
     },
     KernelFile {
+        name: "deltanet_wy.cu",
+        source: kernel_dir!("deltanet_wy.cu"),
+        kernels: &[
+            "gdn_wy_prep",
+            "gdn_wy_state_k32",
+            "gdn_wy_state_k64",
+            "gdn_wy_state_k128",
+        ],
+    },
+    KernelFile {
         name: "attn_chunk.cu",
         source: kernel_dir!("attn_chunk.cu"),
         kernels: &[

@@ -48,6 +48,8 @@ pub mod device;
 pub mod device_plan;
 pub mod error;
 pub mod expert_cache;
+#[cfg(test)]
+mod gdn_wy_model;
 pub mod gemv;
 #[cfg(test)]
 mod kernel_model;

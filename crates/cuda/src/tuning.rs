@@ -31,10 +31,6 @@ const LANE_CHOICES: [u32; 4] = [4, 8, 16, 32];
 /// Rows per lane group the int8 GEMVs are compiled for.
 const NR_CHOICES: [u32; 3] = [1, 2, 4];
 
-/// State columns a block of the prefill's DeltaNet recurrence may take
-/// (two a warp; `gdn_recur_chunk_k*` works for any even count).
-const GDN_COLS_CHOICES: [u32; 3] = [8, 16, 32];
-
 /// The tuning switches of the CUDA backend (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CudaTuning {
@@ -56,10 +52,6 @@ pub struct CudaTuning {
     /// more than 32 lane chunks, 4096-wide inputs (default
     /// [`DECODE_Q8_LANES_WIDE`]).
     pub q8_lanes_wide: u32,
-    /// `REDLITE_CUDA_GDN_COLS` (8, 16, 32): at most this many state
-    /// columns a block of the prefill's DeltaNet chunk recurrence (fewer:
-    /// more, smaller blocks, a cheaper barrier a token). Default 32.
-    pub gdn_cols: u32,
     /// `REDLITE_CUDA_ABLATE` (comma-separated): a measuring tool, timing
     /// only, the outputs are wrong. The kernel classes whose labels (the
     /// rows of `bench model --profile`, e.g. "top-k", "DeltaNet: fused")
@@ -82,7 +74,6 @@ impl Default for CudaTuning {
             q8_nr: DEFAULT_NR,
             q8_lanes: DECODE_Q8_LANES,
             q8_lanes_wide: DECODE_Q8_LANES_WIDE,
-            gdn_cols: 32,
             ablate: Vec::new(),
             defines: Vec::new(),
         }
@@ -91,12 +82,11 @@ impl Default for CudaTuning {
 
 impl CudaTuning {
     /// The environment variables [`CudaTuning::from_lookup`] reads.
-    pub const VARS: [&'static str; 7] = [
+    pub const VARS: [&'static str; 6] = [
         "REDLITE_CUDA_F32_GEMV",
         "REDLITE_CUDA_Q8_NR",
         "REDLITE_CUDA_Q8_LANES",
         "REDLITE_CUDA_Q8_LANES_WIDE",
-        "REDLITE_CUDA_GDN_COLS",
         "REDLITE_CUDA_ABLATE",
         "REDLITE_CUDA_DEFINES",
     ];
@@ -132,7 +122,6 @@ impl CudaTuning {
             q8_nr: choice("REDLITE_CUDA_Q8_NR", d.q8_nr, &NR_CHOICES)?,
             q8_lanes: choice("REDLITE_CUDA_Q8_LANES", d.q8_lanes, &LANE_CHOICES)?,
             q8_lanes_wide: choice("REDLITE_CUDA_Q8_LANES_WIDE", d.q8_lanes_wide, &LANE_CHOICES)?,
-            gdn_cols: choice("REDLITE_CUDA_GDN_COLS", d.gdn_cols, &GDN_COLS_CHOICES)?,
             ablate: parse_ablation(get("REDLITE_CUDA_ABLATE").as_deref().unwrap_or("")),
             defines: kernels::parse_defines(get("REDLITE_CUDA_DEFINES").as_deref())?,
         };
@@ -155,9 +144,6 @@ impl CudaTuning {
         }
         if !LANE_CHOICES.contains(&self.q8_lanes_wide) {
             return bad("q8_lanes_wide: expected 4, 8, 16 or 32");
-        }
-        if !GDN_COLS_CHOICES.contains(&self.gdn_cols) {
-            return bad("gdn_cols: expected 8, 16 or 32");
         }
         if self.defines.iter().any(|d| !d.starts_with("-D")) {
             return bad("defines: each entry is an NVRTC -DNAME=INTEGER option");

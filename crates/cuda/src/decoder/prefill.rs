@@ -21,7 +21,7 @@ use super::CudaDecoder;
 use crate::device::Gpu;
 use crate::error::{ensure, Context, Result};
 use crate::gemv::{route_tiles, GemmIn, GemmOut, GEMM_TILE};
-use crate::ops::{self, GdnChunkScratch, GdnWeights, Rows, SharedRows};
+use crate::ops::{self, GdnChunkScratch, GdnForm, GdnWeights, Rows, SharedRows};
 use cudarc::driver::CudaSlice;
 use redlite_gguf::GgmlType;
 use redlite_model::blocks::deltanet::L2_EPS;
@@ -48,6 +48,8 @@ pub(super) struct ChunkBufs {
     weights: CudaSlice<f32>,
     pair_g: CudaSlice<f32>,
     pair_u: CudaSlice<f32>,
+    /// The routed experts' down outputs; in a DeltaNet layer, the WY
+    /// form's blocks.
     pair_d: CudaSlice<f32>,
     gather: CudaSlice<i32>,
     pair_of: CudaSlice<i32>,
@@ -66,7 +68,7 @@ fn proj_rows(p: &Proj) -> usize {
 
 impl ChunkBufs {
     fn new(gpu: &Gpu, ops: &[Op], d: usize, cap: usize) -> Result<Self> {
-        let (mut proj, mut qo, mut conv, mut raw, mut ff) = (0, 0, 0, 0, 0);
+        let (mut proj, mut qo, mut conv, mut raw, mut ff, mut wy) = (0, 0, 0, 0, 0, 0);
         let (mut pairs, mut pff, mut tiles, mut kmax) = (0, 0, 0, 1);
         let ffn = |f: &FfnOp, ff: &mut usize| *ff = (*ff).max(f.gate.rows).max(f.up.rows);
         for op in ops {
@@ -79,6 +81,7 @@ impl ChunkBufs {
                     proj = proj.max(proj_rows(&g.inp));
                     conv = conv.max(g.dims.conv_dim());
                     raw = raw.max(g.dims.n_v * g.dims.dv);
+                    wy = wy.max(ops::wy_scratch_floats(&g.dims, cap));
                 }
                 Op::Moe(m) => {
                     proj = proj.max(proj_rows(&m.router));
@@ -96,6 +99,9 @@ impl ChunkBufs {
             }
         }
         let np = cap * pairs;
+        // The experts' down outputs and the DeltaNet WY blocks share one
+        // buffer (a layer uses one or the other).
+        let pair_d_len = (np * d).max(wy);
         let n_tiles = np.div_ceil(GEMM_TILE) + tiles;
         let tmp_halves = (cap * qo.max(raw).max(ff)).max(np * pff);
         let s = &gpu.stream;
@@ -118,7 +124,7 @@ impl ChunkBufs {
             weights: f(cap * kmax)?,
             pair_g: f(np * pff)?,
             pair_u: f(np * pff)?,
-            pair_d: f(np * d)?,
+            pair_d: f(pair_d_len)?,
             gather: s.alloc_zeros(np.max(1))?,
             pair_of: s.alloc_zeros(np.max(1))?,
             tiles: s.alloc_zeros(3 * n_tiles.max(1))?,
@@ -129,7 +135,8 @@ impl ChunkBufs {
         let floats = 4 * cap * d
             + cap * (proj + 2 * qo.max(raw) + conv + raw + 2 * ff)
             + cap * kmax
-            + np * (2 * pff + d);
+            + np * 2 * pff
+            + pair_d_len;
         let words = 2 * cap * kmax + 2 * np + 3 * n_tiles;
         let halves = cap * d + tmp_halves;
         Ok(Self {
@@ -519,6 +526,7 @@ impl CudaDecoder {
                     let scratch = GdnChunkScratch {
                         conv: &*conv,
                         raw: &*raw,
+                        wy: Some(&*pair_d),
                     };
                     ops::gdn_chunk(
                         gpu,
@@ -535,9 +543,13 @@ impl CudaDecoder {
                         n,
                         g.eps,
                         L2_EPS,
-                        self.tuning.gdn_cols as usize,
+                        GdnForm::Chunkwise,
                     )?;
-                    lap!("DeltaNet: conv, norms, recurrence, gated norm", 5);
+                    let wy_form = ops::wy_state_kernel(&g.dims).is_some();
+                    lap!(
+                        "DeltaNet: conv, norms, recurrence, gated norm",
+                        if wy_form { 6 } else { 5 }
+                    );
                     let vd = g.dims.n_v * g.dims.dv;
                     let o = Rows::new(&*co, 0, vd);
                     g.w_out.gemm(

@@ -7,6 +7,7 @@
 use super::attention::{AttnDims, KvCache};
 use super::attn_prep::AttnPrepArgs;
 use super::deltanet::{GdnDims, GdnWeights};
+use super::gdn_wy::{gdn_wy_recurrence, wy_state_kernel, WyInputs};
 use super::router::ROUTER_MAX_N;
 use crate::device::{cfg, dptr, i32_of, Gpu};
 use crate::error::{ensure, Result};
@@ -257,13 +258,14 @@ pub fn attn_chunk(
     unsafe { gpu.launch(&name, cfg((blocks as u32, nkv as u32), 256), &[&args]) }
 }
 
-/// The columns a block of the chunk recurrence takes (W: two a warp) and
-/// its variant (`gdn_recur_chunk_k{dk}`: dk/32 state rows a lane), for
-/// these shapes: `max_cols` (8, 16 or 32; `CudaTuning::gdn_cols`) columns
-/// where dv is whole multiples of it (the models' dv 128 at 32: 4 blocks a
-/// head, 512 threads), else all dv (<= 32, even) in one block.
-pub fn gdn_chunk_split(s: &GdnDims, max_cols: usize) -> Option<(usize, &'static str)> {
-    let max_cols = max_cols.clamp(2, 32) & !1;
+/// The columns a block of the sequential chunk recurrence takes (W: two
+/// a warp) and its variant (`gdn_recur_chunk_k{dk}`: dk/32 state rows a
+/// lane), for these shapes: 32 columns where dv is whole multiples of 32
+/// (the models' dv 128: 4 blocks a head, 512 threads; 8 and 16 measured no
+/// faster, docs/what-did-not-work.md), else all dv (<= 32, even) in one
+/// block.
+pub fn gdn_chunk_split(s: &GdnDims) -> Option<(usize, &'static str)> {
+    let max_cols = 32;
     let w = if s.dv.is_multiple_of(max_cols) {
         max_cols
     } else if s.dv <= 32 && s.dv.is_multiple_of(2) {
@@ -283,16 +285,32 @@ pub fn gdn_chunk_split(s: &GdnDims, max_cols: usize) -> Option<(usize, &'static 
     (2 * s.dk + w < 4 * 16 * w).then_some((w, name))
 }
 
+/// How [`gdn_chunk`] runs the DeltaNet state recurrence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdnForm {
+    /// The chunkwise (WY) form, sub-chunks of 64 tokens
+    /// (`kernels/deltanet_wy.cu`), where the head sizes allow it
+    /// ([`wy_state_kernel`]; else sequential). The prefill's: pp2048 on the
+    /// iq2 synth file 7,909 against 6,687 tok/s sequential (H200,
+    /// bench/RESULTS.md).
+    Chunkwise,
+    /// Token after token (`gdn_recur_chunk_k*`), every shape.
+    Sequential,
+}
+
 /// Scratch of a DeltaNet chunk: the conv outputs and the unnormalised
-/// recurrence outputs of every token.
+/// recurrence outputs of every token, and for the WY form its blocks
+/// ([`wy_scratch_floats`]; None: the sequential form).
 pub struct GdnChunkScratch<'a> {
     pub conv: &'a CudaSlice<f32>,
     pub raw: &'a CudaSlice<f32>,
+    pub wy: Option<&'a CudaSlice<f32>>,
 }
 
 /// A Gated DeltaNet layer over `tokens` tokens at positions `pos0..`:
 /// conv + SiLU, the ring update, the state recurrence, the gated norm
-/// into `out` (rows of n_v*dv); `max_cols`: see [`gdn_chunk_split`].
+/// into `out` (rows of n_v*dv). The recurrence in `form` where the shape
+/// and the scratch allow it, else sequential ([`gdn_chunk_split`]).
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_chunk(
     gpu: &Gpu,
@@ -309,11 +327,14 @@ pub fn gdn_chunk(
     tokens: usize,
     eps: f32,
     l2_eps: f32,
-    max_cols: usize,
+    form: GdnForm,
 ) -> Result<()> {
     s.check()?;
     let (cd, vd, kk) = (s.conv_dim(), s.n_v * s.dv, s.conv_kernel);
-    let (w_cols, recur) = gdn_chunk_split(s, max_cols).ok_or_else(|| {
+    let wy = scratch
+        .wy
+        .filter(|_| form == GdnForm::Chunkwise && wy_state_kernel(s).is_some());
+    let (w_cols, recur) = gdn_chunk_split(s).ok_or_else(|| {
         crate::error::CudaError::Invalid(format!("DeltaNet chunk: no kernel for {s:?}"))
     })?;
     ensure!(
@@ -373,6 +394,51 @@ pub fn gdn_chunk(
             &[&convp, &cd_l, &nk_i, &dk_i, &l2_eps],
         )
     }?;
+    if let Some(wy) = wy {
+        let x = WyInputs {
+            conv: convp,
+            ba: bap,
+            ld_ba: ba.ld,
+            raw: rawp,
+        };
+        gdn_wy_recurrence(gpu, s, w, &x, state, wy, tokens)?;
+    } else {
+        gdn_sequential(
+            gpu, s, w, convp, bap, ba.ld, statep, rawp, tokens, w_cols, recur,
+        )?;
+    }
+    let ld_z = z.ld as i64;
+    let nw = dptr(gpu, Some(w.norm_w));
+    let threads = (s.dv as u32).div_ceil(32) * 32;
+    let d = [s.n_v as i32, s.dv as i32];
+    // SAFETY: gdn_norm_chunk(raw, z, ld_z, norm_w, out, n_v, dv, eps);
+    // grid (n_v, tokens), a thread per value of the head (dv <= 1024), rows
+    // checked above.
+    unsafe {
+        gpu.launch(
+            "gdn_norm_chunk",
+            cfg((s.n_v as u32, tokens as u32), threads),
+            &[&rawp, &zp, &ld_z, &nw, &outp, &d[0], &d[1], &eps],
+        )
+    }
+}
+
+/// The sequential recurrence (`gdn_recur_chunk_k*`, `w_cols` columns a
+/// block) over checked rows.
+#[allow(clippy::too_many_arguments)]
+fn gdn_sequential(
+    gpu: &Gpu,
+    s: &GdnDims,
+    w: &GdnWeights,
+    convp: u64,
+    bap: u64,
+    ld_ba: usize,
+    statep: u64,
+    rawp: u64,
+    tokens: usize,
+    w_cols: usize,
+    recur: &str,
+) -> Result<()> {
     let d: [i32; 5] = [
         s.n_k as i32,
         s.n_v as i32,
@@ -383,7 +449,7 @@ pub fn gdn_chunk(
     let args = GdnRecurArgs {
         conv: convp,
         ba: bap,
-        ld_ba: ba.ld as i64,
+        ld_ba: ld_ba as i64,
         dt_bias: dptr(gpu, Some(w.dt_bias)),
         ssm_a: dptr(gpu, Some(w.ssm_a)),
         state: statep,
@@ -393,7 +459,7 @@ pub fn gdn_chunk(
         dk: d[2],
         dv: d[3],
         w: d[4],
-        tokens: t_i,
+        tokens: tokens as i32,
     };
     let blocks = s.n_v * (s.dv / w_cols);
     // SAFETY: gdn_recur_chunk_k{dk}(GdnRecurArgs) by value (the struct
@@ -406,19 +472,6 @@ pub fn gdn_chunk(
             recur,
             cfg((blocks as u32, 1), (16 * w_cols) as u32),
             &[&args],
-        )
-    }?;
-    let ld_z = z.ld as i64;
-    let nw = dptr(gpu, Some(w.norm_w));
-    let threads = (s.dv as u32).div_ceil(32) * 32;
-    // SAFETY: gdn_norm_chunk(raw, z, ld_z, norm_w, out, n_v, dv, eps);
-    // grid (n_v, tokens), a thread per value of the head (dv <= 1024), rows
-    // checked above.
-    unsafe {
-        gpu.launch(
-            "gdn_norm_chunk",
-            cfg((s.n_v as u32, tokens as u32), threads),
-            &[&rawp, &zp, &ld_z, &nw, &outp, &d[1], &d[3], &eps],
         )
     }
 }

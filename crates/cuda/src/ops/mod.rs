@@ -15,6 +15,7 @@ mod attn_prep;
 mod chunk;
 mod deltanet;
 mod elementwise;
+mod gdn_wy;
 mod norm;
 mod router;
 
@@ -25,11 +26,12 @@ pub use attention::{
 pub use attn_prep::{attn_prep, AttnPrepArgs};
 pub use chunk::{
     add_bias_rows, attn_chunk, attn_prep_chunk, flash_smem_bytes, gdn_chunk, gdn_chunk_split,
-    moe_combine_chunk, router_topk_chunk, to_f16_rows, AttnChunkArgs, GdnChunkScratch,
+    moe_combine_chunk, router_topk_chunk, to_f16_rows, AttnChunkArgs, GdnChunkScratch, GdnForm,
     GdnRecurArgs, MoeCombineChunkArgs, Rows, SharedRows, FLASH_ROWS,
 };
 pub use deltanet::{gdn_step, GdnDims, GdnWeights, GDN_THREADS};
 pub use elementwise::{add_inplace, moe_combine, swiglu, MoeCombineNormArgs, NextNorm};
+pub use gdn_wy::{wy_scratch_floats, wy_state_kernel, wy_state_smem_bytes, GdnWyArgs, GDN_SUB};
 pub use norm::{rms_norm, v8_block, RmsNormArgs};
 pub use router::{
     router_gemv_topk, router_gemv_topk_fits, router_in_norm_fits, router_topk, InNorm, Route,

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::gemv::{route_tiles, DeviceMatrix, ExpertStack, GemmIn, GemmOut};
 use crate::layout::{layout, GEMV_TYPES};
 use crate::ops::{
-    self, f16_round, AttnDims, GdnChunkScratch, GdnDims, GdnWeights, KvCache, KvType, Rows,
+    self, f16_round, AttnDims, GdnChunkScratch, GdnDims, GdnForm, GdnWeights, KvCache, KvType, Rows,
 };
 use crate::reference::{self as r, GdnShape, GdnStepInputs};
 use crate::selftest::{compare, fold, Worst, REL_TOL};
@@ -59,7 +59,8 @@ fn rounded(x: &[f32]) -> Vec<f32> {
 pub fn run(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
     gemm(gpu, rng, out)?;
     out.extend(attention(gpu, rng)?);
-    out.push(deltanet(gpu, rng)?);
+    out.push(deltanet(gpu, rng, GdnForm::Chunkwise)?);
+    out.push(deltanet(gpu, rng, GdnForm::Sequential)?);
     out.push(route_combine(gpu, rng)?);
     Ok(())
 }
@@ -413,11 +414,17 @@ fn rounded_if(ty: KvType, x: &[f32]) -> Vec<f32> {
 
 /// The chunk against `reference::gdn_step` token after token, from a
 /// random state and window at position 5: every token's output, the final
-/// state and the ring the decode step reads next.
-fn deltanet(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
-    let mut w = Worst::new(
-        "gdn_conv_chunk + gdn_ring_chunk + gdn_qk_chunk + gdn_recur_chunk_k* + gdn_norm_chunk (prefill chunk; outputs, state, ring)".into(),
-    );
+/// state and the ring the decode step reads next; the recurrence in
+/// `form` (the WY form's shapes; the sequential form also takes the
+/// others).
+fn deltanet(gpu: &Gpu, rng: &mut Rng, form: GdnForm) -> Result<Worst> {
+    let recurrence = match form {
+        GdnForm::Chunkwise => "gdn_wy_prep + gdn_wy_state_k*",
+        GdnForm::Sequential => "gdn_recur_chunk_k*",
+    };
+    let mut w = Worst::new(format!(
+        "gdn_conv_chunk + gdn_ring_chunk + gdn_qk_chunk + {recurrence} + gdn_norm_chunk (prefill chunk; outputs, state, ring)"
+    ));
     let shapes = [
         GdnShape {
             n_k: 16,
@@ -450,11 +457,11 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             conv_kernel: s.conv_kernel,
         };
         let (cd, vd, k) = (d.conv_dim(), s.n_v * s.dv, s.conv_kernel);
-        // Every column split the tuning allows (CudaTuning::gdn_cols).
-        let cases = [1usize, 3, 21]
-            .into_iter()
-            .flat_map(|n| [8usize, 16, 32].map(|c| (n, c)));
-        for (n, max_cols) in cases {
+        if form == GdnForm::Chunkwise && ops::wy_state_kernel(&d).is_none() {
+            continue;
+        }
+        // Partial, whole and several WY sub-chunks of 64 tokens.
+        for n in [1usize, 3, 21, 64, 65, 200] {
             let conv_w = scaled(cd * k, -0.5, 0.5, rng);
             let dt_bias = random_vec(s.n_v, rng);
             let ssm_a = scaled(s.n_v, -1.1, -0.1, rng);
@@ -478,6 +485,7 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
             );
             let (ringd, std, pd) = (up(gpu, &ring)?, up(gpu, &st0)?, up(gpu, &proj)?);
             let (conv, raw, od) = (nan(gpu, n * cd)?, nan(gpu, n * vd)?, nan(gpu, n * vd)?);
+            let wy = nan(gpu, ops::wy_scratch_floats(&d, n))?;
             let wts = GdnWeights {
                 conv_w: &cw,
                 dt_bias: &dtb,
@@ -496,13 +504,14 @@ fn deltanet(gpu: &Gpu, rng: &mut Rng) -> Result<Worst> {
                 &GdnChunkScratch {
                     conv: &conv,
                     raw: &raw,
+                    wy: Some(&wy),
                 },
                 &od,
                 p0,
                 n,
                 1e-6,
                 1e-6,
-                max_cols,
+                form,
             )?;
             let o = down(gpu, &od)?;
             let mut win: Vec<f64> = win0.iter().map(|&v| v as f64).collect();
