@@ -8,6 +8,12 @@
 //! hidden rows shifted by one position ([`MtpDrafter::observe`]). A draft
 //! chains the head on its own output hidden row and argmax token, then
 //! truncates its cache back, since the real entries come from the trunk.
+//!
+//! A front end that checkpoints the sequence (the server's prompt cache)
+//! keeps an [`MtpSnapshot`] with each checkpoint and restores both
+//! together: rebuilding the head's entries from the tokens alone would
+//! need the trunk's hidden rows of every position again, that is the whole
+//! prefill the checkpoint saved.
 
 use crate::Drafter;
 use redlite_model::arch::qwen3next_mtp::MtpState;
@@ -24,6 +30,26 @@ pub struct MtpDrafter {
     last_hidden: Vec<f32>,
 }
 
+/// The drafter at one point of a sequence: the head's KV rows of positions
+/// `0..pos()` and the trunk's hidden row at `pos() - 1`.
+#[derive(Clone, Debug)]
+pub struct MtpSnapshot {
+    state: MtpState,
+    last_hidden: Vec<f32>,
+}
+
+impl MtpSnapshot {
+    /// Positions it covers (the sequence's position when taken).
+    pub fn pos(&self) -> usize {
+        self.state.pos()
+    }
+
+    /// Bytes held (the head's K and V rows and the hidden row).
+    pub fn bytes(&self) -> u64 {
+        (self.state.bytes() + self.last_hidden.len() * 4) as u64
+    }
+}
+
 impl MtpDrafter {
     /// A drafter for `model`'s first MTP head with room for `ctx` positions
     /// (None when the file has no NextN block).
@@ -35,6 +61,45 @@ impl MtpDrafter {
             state,
             last_hidden: vec![0.0; d],
         })
+    }
+
+    /// Positions the head has entries for (in step with the trunk: the
+    /// sequence's position).
+    pub fn pos(&self) -> usize {
+        self.state.pos()
+    }
+
+    /// Back to position 0 (a sequence that was reset).
+    pub fn reset(&mut self) {
+        self.state.clear();
+        self.last_hidden.iter_mut().for_each(|x| *x = 0.0);
+    }
+
+    /// The drafter's state now, to keep with a checkpoint of the sequence.
+    pub fn snapshot(&self) -> MtpSnapshot {
+        MtpSnapshot {
+            state: self.state.clone(),
+            last_hidden: self.last_hidden.clone(),
+        }
+    }
+
+    /// Back to `snap` (taken from a drafter of the same model and
+    /// context), as the sequence goes back to the matching checkpoint.
+    pub fn restore(&mut self, snap: &MtpSnapshot) -> Result<(), ModelError> {
+        if snap.state.ctx_len() != self.state.ctx_len()
+            || snap.last_hidden.len() != self.last_hidden.len()
+        {
+            return Err(ModelError::Rollback(format!(
+                "an MTP snapshot of {} positions × width {} restored into a drafter of {} × {}",
+                snap.state.ctx_len(),
+                snap.last_hidden.len(),
+                self.state.ctx_len(),
+                self.last_hidden.len()
+            )));
+        }
+        self.state.clone_from(&snap.state);
+        self.last_hidden.copy_from_slice(&snap.last_hidden);
+        Ok(())
     }
 
     /// Run the head's entries for `tokens` at the positions the trunk just
@@ -68,8 +133,7 @@ impl Drafter for MtpDrafter {
     }
 
     fn prime(&mut self, seq: &mut dyn Sequence, prompt: &[u32]) -> Result<(), ModelError> {
-        self.state.clear();
-        self.last_hidden.iter_mut().for_each(|x| *x = 0.0);
+        self.reset();
         let rows = seq.last_hidden()?.to_vec();
         self.catch_up(prompt, &rows)
     }
