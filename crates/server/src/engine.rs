@@ -292,20 +292,21 @@ impl Engine {
     }
 
     /// When a saved state extends further into `prompt` than any
-    /// checkpoint in memory, bring it into memory (the next
-    /// [`Engine::best_checkpoint`] picks it).
-    fn load_from_disk(&mut self, prompt: &[u32]) {
+    /// checkpoint in memory (that keeps the MTP state, with `need_mtp`),
+    /// bring it into memory (the next [`Engine::best_checkpoint`] picks
+    /// it), with its MTP state when one was saved beside it.
+    fn load_from_disk(&mut self, prompt: &[u32], need_mtp: bool) {
         let Some(disk) = self.disk.as_mut() else {
             return;
         };
         let in_memory = self
             .checkpoints
             .iter()
-            .filter(|c| prompt.starts_with(&c.tokens))
+            .filter(|c| prompt.starts_with(&c.tokens) && (!need_mtp || c.mtp.is_some()))
             .map(|c| c.tokens.len())
             .max()
             .unwrap_or(0);
-        let Some(len) = disk.best(prompt).filter(|&l| l > in_memory) else {
+        let Some(len) = disk.best(prompt, need_mtp).filter(|&l| l > in_memory) else {
             return;
         };
         let t0 = Instant::now();
@@ -316,13 +317,23 @@ impl Engine {
                     tokens.len(),
                     t0.elapsed().as_secs_f64()
                 );
+                let mtp = match self.mtp.as_mut() {
+                    Some(m) if disk.has_mtp(&tokens) => match disk.load_mtp(&tokens, m.drafter()) {
+                        Ok(snap) => Some(snap),
+                        Err(e) => {
+                            tracing::warn!("--state-dir: a saved MTP state did not load: {e}");
+                            None
+                        }
+                    },
+                    _ => None,
+                };
                 self.clock += 1;
                 self.checkpoints.retain(|c| c.tokens != tokens);
                 self.checkpoints.push(Checkpoint {
                     tokens,
                     state,
                     logits,
-                    mtp: None,
+                    mtp,
                     last_used: self.clock,
                 });
                 self.trim_checkpoints();
@@ -341,7 +352,11 @@ impl Engine {
             return;
         };
         let t0 = Instant::now();
-        match disk.save(self.seq.as_ref(), &c.state, &c.tokens, &c.logits) {
+        let mtp = match (&c.mtp, self.mtp.as_mut()) {
+            (Some(snap), Some(m)) => Some((snap, m.drafter().kv_row())),
+            _ => None,
+        };
+        match disk.save(self.seq.as_ref(), &c.state, &c.tokens, &c.logits, mtp) {
             Ok(()) => tracing::info!(
                 "--state-dir: saved a state of {} tokens in {:.3} s",
                 tokens.len(),
@@ -484,10 +499,8 @@ impl Engine {
         // default, so that any turn's checkpoint serves the next MTP turn.
         let track =
             self.mtp.is_some() && (wants_mtp || self.cfg.spec.mode == redlite_spec::SpecMode::Mtp);
-        // Saved states keep no MTP state: a tracking job cannot resume
-        // from one (it computes the prefix, with the hidden rows).
-        if self.cfg.prompt_cache && !track {
-            self.load_from_disk(prompt);
+        if self.cfg.prompt_cache {
+            self.load_from_disk(prompt, track);
         }
         let (cached, mut logits) = match self.best_checkpoint(prompt, track) {
             Some(i) => {

@@ -10,8 +10,11 @@
 //! resume from the prompt cache's end-of-turn checkpoint, whole and
 //! streamed; `/metrics` counts the drafts proposed and kept. A resumed turn
 //! drafts exactly what the same turn computed from scratch drafts (the
-//! drafter was restored to the checkpoint's point). A file without the head
-//! is refused, naming the file and the missing layer.
+//! drafter was restored to the checkpoint's point). With `--state-dir`, the
+//! MTP state saved beside a state file lets a restarted server resume an
+//! MTP turn from the file; a corrupted one is skipped (the turn computes
+//! its prefix). A file without the head is refused, naming the file and
+//! the missing layer.
 
 use redlite_engine::{BackendOptions, Engine, Logits, MemoryRequest, Model};
 use redlite_model::sample::Sampler;
@@ -367,4 +370,81 @@ fn a_file_without_the_mtp_layer_is_refused_naming_it() {
             .contains("no multi-token-prediction layer"),
         "{v}"
     );
+}
+
+/// The files in `dir` with extension `ext` once there are `n` (the engine
+/// thread writes a turn's state after sending the answer).
+fn wait_for(dir: &std::path::Path, ext: &str, n: usize) -> Vec<PathBuf> {
+    let files = || -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == ext))
+            .collect()
+    };
+    for _ in 0..600 {
+        if files().len() >= n {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    files()
+}
+
+#[test]
+fn a_restarted_server_resumes_an_mtp_turn_from_its_saved_state() {
+    let mut plain = Plain::new();
+    let t = turns(&mut plain, 2);
+    let dir = std::env::temp_dir().join(format!("redlite-mtp-state-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let with_dir = |spec: SpecMode| {
+        let mut a = args(spec, true);
+        a.state_dir = Some(dir.clone());
+        spawn(a).expect("start with --state-dir")
+    };
+    let none = json!({});
+    let first = with_dir(SpecMode::Mtp);
+    assert_eq!(complete(&first, &t.prompts[0], &none).0, t.texts[0]);
+    drop(first);
+    let mtp_files = wait_for(&dir, "mtp", 1);
+    assert_eq!(mtp_files.len(), 1, "no MTP state beside the state file");
+    assert_eq!(wait_for(&dir, "state", 1).len(), 1);
+
+    // A new server (empty memory) resumes turn 1 from the files, drafting
+    // what the same turn computed afresh drafts.
+    let second = with_dir(SpecMode::Mtp);
+    let (text, cached) = complete(&second, &t.prompts[1], &none);
+    assert_eq!(text, t.texts[1], "turn 1 after a restart");
+    let end_of_turn0 = (t.prompts[0].len() + t.answers[0].len() - 1) as u64;
+    assert!(cached >= end_of_turn0, "resumed from {cached} tokens");
+    let cold = start(SpecMode::Mtp, false);
+    assert_eq!(complete(&cold, &t.prompts[1], &none).0, t.texts[1]);
+    assert_eq!(counts(&second), counts(&cold), "resumed from the files");
+    drop(second);
+    wait_for(&dir, "mtp", 2);
+
+    // Corrupted MTP files: a turn without MTP still restores the state
+    // file; an MTP turn computes its prefix.
+    for p in wait_for(&dir, "mtp", 2) {
+        let mut b = std::fs::read(&p).unwrap();
+        let at = b.len() / 2;
+        b[at] ^= 0x40;
+        std::fs::write(&p, &b).unwrap();
+    }
+    let third = with_dir(SpecMode::None);
+    let (text, cached) = complete(&third, &t.prompts[1], &none);
+    assert_eq!(text, t.texts[1]);
+    assert!(cached >= end_of_turn0, "the state file did not restore");
+    let ask = json!({"speculative.type": "mtp"});
+    let (text, cached) = complete(&third, &t.prompts[1], &ask);
+    assert_eq!(text, t.texts[1]);
+    assert_eq!(cached, 0, "an MTP turn resumed without the MTP state");
+    assert!(counts(&third)[1] > 0.0);
+    drop(third);
+    for _ in 0..50 {
+        if std::fs::remove_dir_all(&dir).is_ok() || !dir.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -48,6 +48,12 @@ impl MtpSnapshot {
     pub fn bytes(&self) -> u64 {
         (self.state.bytes() + self.last_hidden.len() * 4) as u64
     }
+
+    /// Its K rows, V rows (`pos() × row` each) and the hidden row, to save.
+    pub fn parts(&self) -> (&[f32], &[f32], &[f32]) {
+        let (k, v) = self.state.rows();
+        (k, v, &self.last_hidden)
+    }
 }
 
 impl MtpDrafter {
@@ -81,6 +87,42 @@ impl MtpDrafter {
             state: self.state.clone(),
             last_hidden: self.last_hidden.clone(),
         }
+    }
+
+    /// A snapshot for this drafter from saved parts ([`MtpSnapshot::parts`]),
+    /// checked against the head's row width and the model's hidden width.
+    pub fn snapshot_from_parts(
+        &self,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        hidden: Vec<f32>,
+    ) -> Result<MtpSnapshot, ModelError> {
+        if hidden.len() != self.last_hidden.len() {
+            return Err(ModelError::Rollback(format!(
+                "an MTP hidden row of {} values for a model of width {}",
+                hidden.len(),
+                self.last_hidden.len()
+            )));
+        }
+        let head = self.model.mtp().expect("checked at construction");
+        let state = head.state_from_rows(&self.model, self.state.ctx_len(), k, v)?;
+        Ok(MtpSnapshot {
+            state,
+            last_hidden: hidden,
+        })
+    }
+
+    /// Floats per position of the head's K (and V) rows.
+    pub fn kv_row(&self) -> usize {
+        self.model
+            .mtp()
+            .expect("checked at construction")
+            .kv_row(&self.model)
+    }
+
+    /// The model's hidden width.
+    pub fn width(&self) -> usize {
+        self.last_hidden.len()
     }
 
     /// Back to `snap` (taken from a drafter of the same model and

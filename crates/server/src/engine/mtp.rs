@@ -15,9 +15,11 @@
 //! A job keeps the drafter in step ("tracks") when it drafts with MTP, and
 //! every job does when the server's default is `--spec mtp`, so that the
 //! checkpoints of a conversation's `none` or `lookup` turns serve its next
-//! MTP turn. A checkpoint without a snapshot (made while not tracking, or
-//! loaded from a state file) is not resumed by a tracking job, which
-//! computes the prefix instead: the drafter is never out of step.
+//! MTP turn. With `--state-dir` the snapshot is saved beside the state
+//! file and loaded with it. A checkpoint without a snapshot (made while not
+//! tracking, or loaded from a state file whose MTP file is missing or does
+//! not load) is not resumed by a tracking job, which computes the prefix
+//! instead: the drafter is never out of step.
 
 use redlite_model::sequence::Sequence;
 use redlite_model::{Model, ModelError};
