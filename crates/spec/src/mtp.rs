@@ -162,7 +162,7 @@ impl MtpDrafter {
         input.extend_from_slice(&self.last_hidden);
         input.extend_from_slice(&rows[..(tokens.len() - 1) * d]);
         let head = self.model.mtp().expect("checked at construction");
-        head.forward(&self.model, &mut self.state, &input, tokens, Logits::Last)?;
+        head.append(&self.model, &mut self.state, &input, tokens)?;
         self.last_hidden
             .copy_from_slice(&rows[(tokens.len() - 1) * d..tokens.len() * d]);
         Ok(())

@@ -153,6 +153,30 @@ impl MtpHead {
         tokens: &[u32],
         want: Logits,
     ) -> Result<MtpOutput, ModelError> {
+        self.run(model, st, hidden, tokens, Some(want))
+    }
+
+    /// [`MtpHead::forward`] without the LM head: appends the entries (what
+    /// catching up on positions the trunk ran needs; their drafts are not
+    /// read, and the LM head is the head's largest matmul).
+    pub fn append(
+        &self,
+        model: &Model,
+        st: &mut MtpState,
+        hidden: &[f32],
+        tokens: &[u32],
+    ) -> Result<(), ModelError> {
+        self.run(model, st, hidden, tokens, None).map(|_| ())
+    }
+
+    fn run(
+        &self,
+        model: &Model,
+        st: &mut MtpState,
+        hidden: &[f32],
+        tokens: &[u32],
+        want: Option<Logits>,
+    ) -> Result<MtpOutput, ModelError> {
         let crate::arch::Arch::Qwen3Next(q) = model.arch() else {
             return Err(ModelError::Backend {
                 backend: "cpu",
@@ -171,7 +195,7 @@ impl MtpHead {
         st: &mut MtpState,
         hidden: &[f32],
         tokens: &[u32],
-        want: Logits,
+        want: Option<Logits>,
     ) -> Result<MtpOutput, ModelError> {
         let (n, d, eps) = (tokens.len(), q.cfg.n_embd, q.cfg.eps);
         if n == 0 {
@@ -242,8 +266,9 @@ impl MtpHead {
         );
         let head = self.head.as_ref().unwrap_or(&q.output);
         let logits = match want {
-            Logits::All => ex.linear(head, &x, n)?,
-            Logits::Last => ex.linear(head, &x[(n - 1) * d..], 1)?,
+            Some(Logits::All) => ex.linear(head, &x, n)?,
+            Some(Logits::Last) => ex.linear(head, &x[(n - 1) * d..], 1)?,
+            None => Vec::new(),
         };
         Ok(MtpOutput { logits, hidden: x })
     }
