@@ -7,8 +7,8 @@
 //! `"speculative.type": "mtp"`) are the tokens of plain greedy decoding
 //! (run here straight on the engine's sequence, and through a server
 //! without speculation), over turns of one conversation whose later turns
-//! resume from the prompt cache's end-of-turn checkpoint, whole and
-//! streamed; `/metrics` counts the drafts proposed and kept. A resumed turn
+//! resume from the prompt cache's end-of-turn checkpoint (also after turns
+//! that draft with lookup or not at all), whole and streamed; `/metrics` counts the drafts proposed and kept. A resumed turn
 //! drafts exactly what the same turn computed from scratch drafts (the
 //! drafter was restored to the checkpoint's point). With `--state-dir`, the
 //! MTP state saved beside a state file lets a restarted server resume an
@@ -233,10 +233,10 @@ fn counts(server: &RunningServer) -> [f64; 3] {
 #[test]
 fn mtp_answers_are_plain_greedy_over_turns_whole_and_streamed() {
     let mut plain = Plain::new();
-    let t = turns(&mut plain, 4);
+    let t = turns(&mut plain, 5);
     let none = json!({});
     let unspeculative = start(SpecMode::None, true);
-    for i in 0..4 {
+    for i in 0..5 {
         let (text, _) = complete(&unspeculative, &t.prompts[i], &none);
         assert_eq!(text, t.texts[i], "turn {i} without speculation");
     }
@@ -287,11 +287,18 @@ fn mtp_answers_are_plain_greedy_over_turns_whole_and_streamed() {
         "turn 2, none"
     );
     assert_eq!(counts(&mtp), before, "speculative.type none drafted");
-    let (text, cached) = complete(&mtp, &t.prompts[3], &none);
-    assert_eq!(text, t.texts[3], "turn 3 after a turn without drafts");
+    // So does a lookup turn (the MTP drafter follows its verify passes).
+    let lookup = json!({"speculative.type": "lookup"});
+    let (text, cached) = complete(&mtp, &t.prompts[3], &lookup);
+    assert_eq!(text, t.texts[3], "turn 3 with lookup");
     let end_of_turn2 = (t.prompts[2].len() + t.answers[2].len() - 1) as u64;
     assert!(cached >= end_of_turn2, "turn 3 resumed from {cached}");
-    assert!(counts(&mtp)[0] > before[0], "turn 3 did not draft");
+    let before = counts(&mtp);
+    let (text, cached) = complete(&mtp, &t.prompts[4], &none);
+    assert_eq!(text, t.texts[4], "turn 4 after turns without MTP drafts");
+    let end_of_turn3 = (t.prompts[3].len() + t.answers[3].len() - 1) as u64;
+    assert!(cached >= end_of_turn3, "turn 4 resumed from {cached}");
+    assert!(counts(&mtp)[0] > before[0], "turn 4 did not draft");
 
     // A request asking for MTP of a server started without it.
     let ask = json!({"speculative.type": "mtp"});
