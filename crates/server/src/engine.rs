@@ -10,13 +10,16 @@
 //! holds and the logits of its last position). A new prompt restores the
 //! longest checkpoint that is a prefix of it. This works for recurrent
 //! (DeltaNet) states, which cannot be rewound, as well as for KV caches.
+//! With MTP drafting each checkpoint also keeps the MTP head's state
+//! ([`mtp`]).
 
 use crate::metrics::Metrics;
 use crate::stop::StopMatcher;
 use redlite_grammar::{Constraint, Grammar, GrammarError, Vocab};
 use redlite_model::sample::{Sampler, SamplerConfig};
 use redlite_model::sequence::{Checkpoint as State, Sequence};
-use redlite_model::Logits;
+use redlite_model::{Logits, Model};
+use redlite_spec::mtp::MtpSnapshot;
 use redlite_tokenizer::Tokenizer;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -93,8 +96,9 @@ enum JobError {
     Model(#[from] redlite_model::ModelError),
     #[error("constrained decoding: {0}")]
     Grammar(#[from] GrammarError),
-    #[error(transparent)]
-    Spec(#[from] redlite_spec::SpecError),
+    /// `mtp` asked of a server that cannot draft with it.
+    #[error("speculative.type mtp: {0}")]
+    NoMtp(String),
 }
 
 /// How the engine runs.
@@ -112,6 +116,9 @@ pub struct EngineConfig {
     pub state_dir: Option<crate::statedir::StateDirConfig>,
     /// Speculative decoding where a request does not say (`--spec`).
     pub spec: redlite_spec::SpecOptions,
+    /// The model, whose MTP head (when it has one) drafts `mtp` jobs
+    /// (None: no MTP drafting).
+    pub model: Option<Arc<Model>>,
 }
 
 /// The client side of the engine: submit jobs.
@@ -119,6 +126,8 @@ pub struct EngineConfig {
 pub struct EngineHandle {
     tx: mpsc::Sender<Job>,
     metrics: Arc<Metrics>,
+    /// Why jobs cannot draft with the MTP head (None: they can).
+    no_mtp: Option<String>,
 }
 
 impl EngineHandle {
@@ -131,12 +140,20 @@ impl EngineHandle {
         }
         true
     }
+
+    /// Why `speculative.type: mtp` cannot run here (no MTP layer in the
+    /// file, or a backend that keeps no hidden rows); None when it can.
+    pub fn mtp_unavailable(&self) -> Option<&str> {
+        self.no_mtp.as_deref()
+    }
 }
 
 struct Checkpoint {
     tokens: Vec<u32>,
     state: State,
     logits: Vec<f32>,
+    /// The MTP drafter's state at the same point (None: not kept then).
+    mtp: Option<MtpSnapshot>,
     last_used: u64,
 }
 
@@ -154,12 +171,19 @@ pub fn start(
     metrics: Arc<Metrics>,
 ) -> std::io::Result<EngineHandle> {
     let (tx, rx) = mpsc::channel::<Job>();
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<Option<String>, String>>();
     let m = metrics.clone();
     std::thread::Builder::new()
         .name("redlite-engine".into())
         .spawn(move || {
-            let opened = open().and_then(|seq| {
+            let opened = open().and_then(|mut seq| {
+                let mtp = match &cfg.model {
+                    None => Err("the server has no model to draft from".to_string()),
+                    Some(m) => mtp::MtpTrack::open(m, cfg.ctx, seq.as_mut()),
+                };
+                if let (Err(e), redlite_spec::SpecMode::Mtp) = (&mtp, cfg.spec.mode) {
+                    return Err(e.clone());
+                }
                 let disk = match &cfg.state_dir {
                     Some(d) => Some(
                         crate::statedir::StateDir::open(d.clone(), seq.kv_elem(), seq.ctx_len())
@@ -167,11 +191,11 @@ pub fn start(
                     ),
                     None => None,
                 };
-                Ok((seq, disk))
+                Ok((seq, disk, mtp))
             });
-            let (seq, disk) = match opened {
+            let (seq, disk, mtp) = match opened {
                 Ok(s) => {
-                    let _ = ready_tx.send(Ok(()));
+                    let _ = ready_tx.send(Ok(s.2.as_ref().err().cloned()));
                     s
                 }
                 Err(e) => {
@@ -181,6 +205,7 @@ pub fn start(
             };
             let mut engine = Engine::new(seq, tokenizer, cfg, m);
             engine.disk = disk;
+            engine.mtp = mtp.ok();
             for job in rx {
                 engine.metrics.queued.fetch_sub(1, Ordering::SeqCst);
                 engine.metrics.processing.store(1, Ordering::SeqCst);
@@ -190,7 +215,11 @@ pub fn start(
             tracing::debug!("engine loop: all handles dropped, stopping");
         })?;
     match ready_rx.recv() {
-        Ok(Ok(())) => Ok(EngineHandle { tx, metrics }),
+        Ok(Ok(no_mtp)) => Ok(EngineHandle {
+            tx,
+            metrics,
+            no_mtp,
+        }),
         Ok(Err(e)) => Err(std::io::Error::other(format!("opening the sequence: {e}"))),
         Err(_) => Err(std::io::Error::other(
             "the engine thread stopped while opening its sequence",
@@ -212,6 +241,9 @@ struct Engine {
     /// The vocabulary as the grammar engine reads it, built on the first
     /// constrained job.
     vocab: Option<Arc<Vocab>>,
+    /// The MTP drafter, kept in step with `seq` by the jobs that track it
+    /// (None: the model or backend cannot draft with MTP).
+    mtp: Option<mtp::MtpTrack>,
 }
 
 impl Engine {
@@ -232,6 +264,7 @@ impl Engine {
             disk: None,
             to_persist: None,
             vocab: None,
+            mtp: None,
         }
     }
 
@@ -243,8 +276,9 @@ impl Engine {
     }
 
     /// The checkpoint to start `prompt` from: the longest whose tokens are a
-    /// prefix of it.
-    fn best_checkpoint(&self, prompt: &[u32]) -> Option<usize> {
+    /// prefix of it (and that keeps the MTP state, for a job that tracks
+    /// it).
+    fn best_checkpoint(&self, prompt: &[u32], need_mtp: bool) -> Option<usize> {
         if !self.cfg.prompt_cache {
             return None;
         }
@@ -252,25 +286,27 @@ impl Engine {
             .iter()
             .enumerate()
             .filter(|(_, c)| c.tokens.len() <= prompt.len() && prompt.starts_with(&c.tokens))
+            .filter(|(_, c)| !need_mtp || c.mtp.is_some())
             .max_by_key(|(_, c)| (c.tokens.len(), c.last_used))
             .map(|(i, _)| i)
     }
 
     /// When a saved state extends further into `prompt` than any
-    /// checkpoint in memory, bring it into memory (the next
-    /// [`Engine::best_checkpoint`] picks it).
-    fn load_from_disk(&mut self, prompt: &[u32]) {
+    /// checkpoint in memory (that keeps the MTP state, with `need_mtp`),
+    /// bring it into memory (the next [`Engine::best_checkpoint`] picks
+    /// it), with its MTP state when one was saved beside it.
+    fn load_from_disk(&mut self, prompt: &[u32], need_mtp: bool) {
         let Some(disk) = self.disk.as_mut() else {
             return;
         };
         let in_memory = self
             .checkpoints
             .iter()
-            .filter(|c| prompt.starts_with(&c.tokens))
+            .filter(|c| prompt.starts_with(&c.tokens) && (!need_mtp || c.mtp.is_some()))
             .map(|c| c.tokens.len())
             .max()
             .unwrap_or(0);
-        let Some(len) = disk.best(prompt).filter(|&l| l > in_memory) else {
+        let Some(len) = disk.best(prompt, need_mtp).filter(|&l| l > in_memory) else {
             return;
         };
         let t0 = Instant::now();
@@ -281,12 +317,23 @@ impl Engine {
                     tokens.len(),
                     t0.elapsed().as_secs_f64()
                 );
+                let mtp = match self.mtp.as_mut() {
+                    Some(m) if disk.has_mtp(&tokens) => match disk.load_mtp(&tokens, m.drafter()) {
+                        Ok(snap) => Some(snap),
+                        Err(e) => {
+                            tracing::warn!("--state-dir: a saved MTP state did not load: {e}");
+                            None
+                        }
+                    },
+                    _ => None,
+                };
                 self.clock += 1;
                 self.checkpoints.retain(|c| c.tokens != tokens);
                 self.checkpoints.push(Checkpoint {
                     tokens,
                     state,
                     logits,
+                    mtp,
                     last_used: self.clock,
                 });
                 self.trim_checkpoints();
@@ -305,7 +352,11 @@ impl Engine {
             return;
         };
         let t0 = Instant::now();
-        match disk.save(self.seq.as_ref(), &c.state, &c.tokens, &c.logits) {
+        let mtp = match (&c.mtp, self.mtp.as_mut()) {
+            (Some(snap), Some(m)) => Some((snap, m.drafter().kv_row())),
+            _ => None,
+        };
+        match disk.save(self.seq.as_ref(), &c.state, &c.tokens, &c.logits, mtp) {
             Ok(()) => tracing::info!(
                 "--state-dir: saved a state of {} tokens in {:.3} s",
                 tokens.len(),
@@ -339,12 +390,17 @@ impl Engine {
             return Ok(());
         }
         let state = self.seq.checkpoint()?;
+        let mtp = self
+            .mtp
+            .as_ref()
+            .and_then(|m| m.snapshot(self.seq.as_ref()));
         self.clock += 1;
         self.checkpoints.retain(|c| c.tokens != tokens);
         self.checkpoints.push(Checkpoint {
             tokens,
             state,
             logits,
+            mtp,
             last_used: self.clock,
         });
         while self.checkpoints.len() > self.cfg.max_checkpoints {
@@ -366,7 +422,11 @@ impl Engine {
         let bytes = self
             .checkpoints
             .iter()
-            .map(|c| c.state.bytes() + c.logits.len() as u64 * 4)
+            .map(|c| {
+                c.state.bytes()
+                    + c.logits.len() as u64 * 4
+                    + c.mtp.as_ref().map_or(0, |m| m.bytes())
+            })
             .sum();
         let m = &self.metrics;
         m.checkpoints
@@ -428,19 +488,36 @@ impl Engine {
     fn generate(&mut self, job: Job) -> Result<Option<Done>, JobError> {
         let t0 = Instant::now();
         let prompt = &job.prompt;
-        if self.cfg.prompt_cache {
-            self.load_from_disk(prompt);
+        let spec_opts = job.spec.over(&self.cfg.spec);
+        let wants_mtp = spec_opts.mode == redlite_spec::SpecMode::Mtp;
+        if wants_mtp && self.mtp.is_none() {
+            return Err(JobError::NoMtp(
+                "this server cannot draft with an MTP head".into(),
+            ));
         }
-        let (cached, mut logits) = match self.best_checkpoint(prompt) {
+        // Every job keeps the MTP drafter in step when MTP is the server's
+        // default, so that any turn's checkpoint serves the next MTP turn.
+        let track =
+            self.mtp.is_some() && (wants_mtp || self.cfg.spec.mode == redlite_spec::SpecMode::Mtp);
+        if self.cfg.prompt_cache {
+            self.load_from_disk(prompt, track);
+        }
+        let (cached, mut logits) = match self.best_checkpoint(prompt, track) {
             Some(i) => {
                 self.clock += 1;
                 let c = &mut self.checkpoints[i];
                 c.last_used = self.clock;
                 self.seq.restore(&c.state)?;
+                if let Some(m) = self.mtp.as_mut() {
+                    m.begin(self.seq.as_mut(), track, c.mtp.as_ref())?;
+                }
                 (c.tokens.len(), c.logits.clone())
             }
             None => {
                 self.seq.reset()?;
+                if let Some(m) = self.mtp.as_mut() {
+                    m.begin(self.seq.as_mut(), track, None)?;
+                }
                 (0, Vec::new())
             }
         };
@@ -458,6 +535,9 @@ impl Engine {
                     return Ok(None);
                 }
                 logits = self.seq.prefill(chunk, Logits::Last)?;
+                if let Some(m) = self.mtp.as_mut() {
+                    m.ran(self.seq.as_mut(), chunk)?;
+                }
                 done += chunk.len();
             }
         }
@@ -489,7 +569,6 @@ impl Engine {
         // the token-latency histogram, one observation per token after the
         // first.
         let mut last_token: Option<Instant> = None;
-        let spec_opts = job.spec.over(&self.cfg.spec);
         // Speculation needs every kept token's choice made from its own
         // logits by the plain rule: grammars and log-probabilities take
         // the token-by-token loop.
@@ -497,7 +576,23 @@ impl Engine {
             && constraint.is_none()
             && job.logprobs.is_none();
         if speculate {
-            let drafter = redlite_spec::drafter(&spec_opts)?;
+            let mut lookup = redlite_spec::drafter(&spec_opts);
+            let mut also_track;
+            let drafter: &mut (dyn redlite_spec::Drafter + Send) =
+                match (lookup.as_mut(), self.mtp.as_mut()) {
+                    (Some(inner), Some(m)) if m.on() => {
+                        also_track = mtp::AlsoTrack {
+                            inner: &mut **inner,
+                            mtp: m.drafter(),
+                        };
+                        &mut also_track
+                    }
+                    (Some(inner), _) => &mut **inner,
+                    (None, Some(m)) => m.drafter(),
+                    (None, None) => {
+                        return Err(JobError::NoMtp("no MTP drafter".into()));
+                    }
+                };
             let mut spec = redlite_spec::Speculator::new(drafter, spec_opts);
             let tok = self.tok.clone();
             let is_stop = move |t: u32| tok.is_eog(t);
@@ -566,7 +661,7 @@ impl Engine {
             self.metrics
                 .spec_accepted
                 .fetch_add(st.accepted, Ordering::Relaxed);
-            tracing::info!("request: {}", st.line());
+            tracing::info!("request ({}): {}", spec_opts.mode.name(), st.line());
         } else {
             for i in 0..job.max_tokens {
                 if job.events.is_closed() {
@@ -634,6 +729,9 @@ impl Engine {
                     break;
                 }
                 logits = self.seq.decode(next)?;
+                if let Some(m) = self.mtp.as_mut() {
+                    m.ran(self.seq.as_mut(), &[next])?;
+                }
                 self.metrics
                     .kv_tokens
                     .store(self.seq.pos() as u64, Ordering::Relaxed);
@@ -677,5 +775,8 @@ impl Engine {
     }
 }
 
+mod mtp;
+#[cfg(test)]
+mod mtp_tests;
 #[cfg(test)]
 mod tests;

@@ -183,8 +183,11 @@ pub enum ServerError {
     EngineGone,
     #[error("{0}")]
     Options(String),
-    #[error(transparent)]
-    Spec(#[from] redlite_spec::SpecError),
+    #[error("model {path}: {source}")]
+    Spec {
+        path: String,
+        source: redlite_spec::SpecError,
+    },
 }
 
 #[cfg(test)]

@@ -156,8 +156,6 @@ impl ServeArgs {
 /// routes use.
 pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     let spec = args.spec.options().map_err(ServerError::Options)?;
-    // Refused before the model loads when the drafter cannot be made.
-    redlite_spec::drafter(&spec)?;
     let path = &args.model;
     let file = GgufFile::open(path).map_err(|source| ServerError::Open {
         path: path.display().to_string(),
@@ -183,6 +181,14 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             ubatch: args.batch_size,
         },
     )?;
+    if spec.mode == redlite_spec::SpecMode::Mtp && model.mtp().is_none() {
+        return Err(ServerError::Spec {
+            path: path.display().to_string(),
+            source: redlite_spec::SpecError::NoMtpLayer {
+                arch: model.arch().name(),
+            },
+        });
+    }
     // The live session plus the prompt-cache checkpoints.
     let sessions = 1 + if args.no_prompt_cache {
         0
@@ -265,6 +271,7 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
                 layers: redlite_model::StateLayout::of(&model, redlite_model::KvElem::F32).layers,
             }),
             spec,
+            model: Some(model.clone()),
         },
         metrics.clone(),
     )?;

@@ -262,6 +262,14 @@ pub(crate) fn submit(
             limit: s.parallel_queue,
         });
     }
+    if g.spec.mode == Some(redlite_spec::SpecMode::Mtp) {
+        if let Some(why) = s.engine.mtp_unavailable() {
+            return Err(ApiError::invalid(
+                "speculative.type",
+                format!("`speculative.type` mtp is not available on this server: {why}"),
+            ));
+        }
+    }
     let (tx, rx) = unbounded_channel();
     let job = Job {
         prompt,

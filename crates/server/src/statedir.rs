@@ -10,10 +10,15 @@
 //! (its whole checksum checked) instead of computing the prefix. The
 //! directory is kept under a size limit: the least recently used files go
 //! first.
+//!
+//! A checkpoint that keeps the MTP drafter's state also writes it beside
+//! its state file (`NAME.mtp`, [`redlite_statefile::write_mtp`]), and a
+//! restore reads it back, so that an MTP job can resume from the file too.
 
 use redlite_model::sequence::{Checkpoint, Sequence};
 use redlite_model::{KvElem, LayerShape, StateLayout};
-use redlite_statefile::{Expect, ModelId, StateFile};
+use redlite_spec::mtp::{MtpDrafter, MtpSnapshot};
+use redlite_statefile::{Expect, ModelId, MtpExpect, MtpImage, StateFile};
 use std::path::{Path, PathBuf};
 
 /// What the server knows of the model, to check files against.
@@ -30,8 +35,24 @@ pub struct StateDirConfig {
 struct Entry {
     path: PathBuf,
     tokens: Vec<u32>,
+    /// The state file's and its MTP file's bytes.
     bytes: u64,
+    /// Whether an MTP file lies beside it (checked when loaded).
+    has_mtp: bool,
     last_used: u64,
+}
+
+/// The MTP file beside the state file at `state`.
+fn mtp_path(state: &Path) -> PathBuf {
+    state.with_extension("mtp")
+}
+
+/// The bytes of the MTP file beside `state` (None: there is none).
+fn mtp_bytes(state: &Path) -> Option<u64> {
+    std::fs::metadata(mtp_path(state))
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
 }
 
 /// The directory's files, indexed.
@@ -73,11 +94,15 @@ impl StateDir {
         let entries: Vec<Entry> = found
             .into_iter()
             .enumerate()
-            .map(|(i, (_, path, tokens, bytes))| Entry {
-                path,
-                tokens,
-                bytes,
-                last_used: i as u64,
+            .map(|(i, (_, path, tokens, bytes))| {
+                let mtp = mtp_bytes(&path);
+                Entry {
+                    bytes: bytes + mtp.unwrap_or(0),
+                    has_mtp: mtp.is_some(),
+                    path,
+                    tokens,
+                    last_used: i as u64,
+                }
             })
             .collect();
         let clock = entries.len() as u64;
@@ -98,11 +123,13 @@ impl StateDir {
         Ok(d)
     }
 
-    /// Tokens of the longest saved state that is a prefix of `prompt`.
-    pub fn best(&self, prompt: &[u32]) -> Option<usize> {
+    /// Tokens of the longest saved state that is a prefix of `prompt` (and
+    /// has an MTP file, with `need_mtp`).
+    pub fn best(&self, prompt: &[u32], need_mtp: bool) -> Option<usize> {
         self.entries
             .iter()
             .filter(|e| e.tokens.len() <= prompt.len() && prompt.starts_with(&e.tokens))
+            .filter(|e| !need_mtp || e.has_mtp)
             .map(|e| e.tokens.len())
             .max()
     }
@@ -149,14 +176,54 @@ impl StateDir {
         }
     }
 
+    /// Whether the saved state of exactly `tokens` has an MTP file.
+    pub fn has_mtp(&self, tokens: &[u32]) -> bool {
+        self.entries.iter().any(|e| e.tokens == tokens && e.has_mtp)
+    }
+
+    /// The MTP drafter's state saved beside the state of exactly `tokens`,
+    /// checked against the file's header and `drafter`'s head. A file that
+    /// does not load is not offered again (the state file stays).
+    pub fn load_mtp(
+        &mut self,
+        tokens: &[u32],
+        drafter: &MtpDrafter,
+    ) -> Result<MtpSnapshot, String> {
+        let e = self
+            .entries
+            .iter_mut()
+            .find(|e| e.tokens == tokens && e.has_mtp)
+            .ok_or("no such saved MTP state")?;
+        let path = mtp_path(&e.path);
+        let expect = MtpExpect {
+            model: &self.cfg.model,
+            tokens,
+            row: drafter.kv_row(),
+            width: drafter.width(),
+        };
+        let loaded = redlite_statefile::read_mtp(&path, &expect)
+            .map_err(|e| e.to_string())
+            .and_then(|img| {
+                drafter
+                    .snapshot_from_parts(img.k, img.v, img.hidden)
+                    .map_err(|e| format!("{}: {e}", path.display()))
+            });
+        if loaded.is_err() {
+            e.has_mtp = false;
+        }
+        loaded
+    }
+
     /// Persist `state` (of `seq`'s backend, holding `tokens`, with the last
-    /// position's `logits`), then evict down to the limit.
+    /// position's `logits`) and, when given, the MTP drafter's state with
+    /// it (rows of `row` floats), then evict down to the limit.
     pub fn save(
         &mut self,
         seq: &dyn Sequence,
         state: &Checkpoint,
         tokens: &[u32],
         logits: &[f32],
+        mtp: Option<(&MtpSnapshot, usize)>,
     ) -> Result<(), String> {
         let mut key = Vec::with_capacity(tokens.len() * 4);
         tokens
@@ -177,12 +244,29 @@ impl StateDir {
             image,
         };
         let stats = redlite_statefile::write(&path, &[], &sf).map_err(|e| e.to_string())?;
+        if let Some((snap, row)) = mtp {
+            let (k, v, hidden) = snap.parts();
+            let img = MtpImage {
+                k: k.to_vec(),
+                v: v.to_vec(),
+                hidden: hidden.to_vec(),
+            };
+            if let Err(e) =
+                redlite_statefile::write_mtp(&mtp_path(&path), &self.cfg.model, tokens, row, &img)
+            {
+                // The state file stands without it: only MTP jobs skip it.
+                tracing::warn!("--state-dir: saving the MTP state: {e}");
+            }
+        }
+        // An MTP file of the same tokens from an earlier save still holds.
+        let mtp = mtp_bytes(&path);
         self.clock += 1;
         self.entries.retain(|e| e.path != path);
         self.entries.push(Entry {
             path: path.clone(),
             tokens: tokens.to_vec(),
-            bytes: stats.bytes,
+            bytes: stats.bytes + mtp.unwrap_or(0),
+            has_mtp: mtp.is_some(),
             last_used: self.clock,
         });
         self.evict(Some(&path));
@@ -206,6 +290,14 @@ impl StateDir {
                 .map(|(i, _)| i)
                 .unwrap_or(0);
             let e = self.entries.remove(victim);
+            if e.has_mtp {
+                if let Err(err) = std::fs::remove_file(mtp_path(&e.path)) {
+                    tracing::warn!(
+                        "--state-dir: removing {}: {err}",
+                        mtp_path(&e.path).display()
+                    );
+                }
+            }
             if let Err(err) = std::fs::remove_file(&e.path) {
                 tracing::warn!("--state-dir: removing {}: {err}", e.path.display());
             } else {

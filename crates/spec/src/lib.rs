@@ -76,26 +76,58 @@ impl<D: Drafter + ?Sized> Drafter for Box<D> {
     }
 }
 
+impl<D: Drafter + ?Sized> Drafter for &mut D {
+    fn draft(&mut self, history: &[u32], max: usize) -> Vec<u32> {
+        (**self).draft(history, max)
+    }
+    fn needs_hidden(&self) -> bool {
+        (**self).needs_hidden()
+    }
+    fn prime(&mut self, seq: &mut dyn Sequence, prompt: &[u32]) -> Result<(), ModelError> {
+        (**self).prime(seq, prompt)
+    }
+    fn observe(
+        &mut self,
+        seq: &mut dyn Sequence,
+        ran: &[u32],
+        kept: usize,
+    ) -> Result<(), ModelError> {
+        (**self).observe(seq, ran, kept)
+    }
+}
+
 /// A speculator whose drafter was chosen at run time.
 pub type DynSpeculator = Speculator<Box<dyn Drafter + Send>>;
 
 /// Errors of setting speculation up.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
-    #[error("--spec mtp: {0}")]
-    NoMtp(String),
+    /// `--spec mtp` (or a request's `speculative.type: mtp`) on a model
+    /// file without a NextN block.
+    #[error("--spec mtp: this {arch} model has no multi-token-prediction layer (GGUF key `{arch}.nextn_predict_layers`; llama.cpp's converter writes it unless given --no-mtp)")]
+    NoMtpLayer { arch: &'static str },
 }
 
-/// The drafter `opts` ask for, where no model is needed to make it
-/// (prompt lookup; `none` drafts nothing).
-pub fn drafter(opts: &SpecOptions) -> Result<Box<dyn Drafter + Send>, SpecError> {
+/// The drafter `opts` ask for where no model is needed to make it (prompt
+/// lookup; `none` drafts nothing). None for MTP, whose drafter reads the
+/// model ([`mtp_drafter`]).
+pub fn drafter(opts: &SpecOptions) -> Option<Box<dyn Drafter + Send>> {
     match opts.mode {
-        SpecMode::None => Ok(Box::new(NoDrafts)),
-        SpecMode::Lookup => Ok(Box::new(PromptLookup::new(opts.ngram_min, opts.ngram_max))),
-        SpecMode::Mtp => Err(SpecError::NoMtp(
-            "the server does not draft with the MTP layer yet (its prompt cache skips the hidden rows the head needs); use lookup".into(),
-        )),
+        SpecMode::None => Some(Box::new(NoDrafts)),
+        SpecMode::Lookup => Some(Box::new(PromptLookup::new(opts.ngram_min, opts.ngram_max))),
+        SpecMode::Mtp => None,
     }
+}
+
+/// A drafter from `model`'s MTP head with room for `ctx` positions, or the
+/// error naming what the file lacks.
+pub fn mtp_drafter(
+    model: &std::sync::Arc<redlite_model::Model>,
+    ctx: usize,
+) -> Result<mtp::MtpDrafter, SpecError> {
+    mtp::MtpDrafter::new(model.clone(), ctx).ok_or_else(|| SpecError::NoMtpLayer {
+        arch: model.arch().name(),
+    })
 }
 
 /// Drafts nothing: every step is a plain decode.
@@ -116,16 +148,8 @@ pub fn from_options(
 ) -> Result<Option<DynSpeculator>, SpecError> {
     let drafter: Box<dyn Drafter + Send> = match opts.mode {
         SpecMode::None => return Ok(None),
-        SpecMode::Lookup => drafter(opts)?,
-        SpecMode::Mtp => match mtp::MtpDrafter::new(model.clone(), ctx) {
-            Some(d) => Box::new(d),
-            None => {
-                return Err(SpecError::NoMtp(format!(
-                    "this {} model has no multi-token-prediction layer (GGUF key `<arch>.nextn_predict_layers`; llama.cpp's converter writes it unless given --no-mtp)",
-                    model.arch().name()
-                )))
-            }
-        },
+        SpecMode::Mtp => Box::new(mtp_drafter(model, ctx)?),
+        SpecMode::Lookup => Box::new(PromptLookup::new(opts.ngram_min, opts.ngram_max)),
     };
     Ok(Some(Speculator::new(drafter, *opts)))
 }

@@ -8,6 +8,12 @@
 //! hidden rows shifted by one position ([`MtpDrafter::observe`]). A draft
 //! chains the head on its own output hidden row and argmax token, then
 //! truncates its cache back, since the real entries come from the trunk.
+//!
+//! A front end that checkpoints the sequence (the server's prompt cache)
+//! keeps an [`MtpSnapshot`] with each checkpoint and restores both
+//! together: rebuilding the head's entries from the tokens alone would
+//! need the trunk's hidden rows of every position again, that is the whole
+//! prefill the checkpoint saved.
 
 use crate::Drafter;
 use redlite_model::arch::qwen3next_mtp::MtpState;
@@ -24,6 +30,32 @@ pub struct MtpDrafter {
     last_hidden: Vec<f32>,
 }
 
+/// The drafter at one point of a sequence: the head's KV rows of positions
+/// `0..pos()` and the trunk's hidden row at `pos() - 1`.
+#[derive(Clone, Debug)]
+pub struct MtpSnapshot {
+    state: MtpState,
+    last_hidden: Vec<f32>,
+}
+
+impl MtpSnapshot {
+    /// Positions it covers (the sequence's position when taken).
+    pub fn pos(&self) -> usize {
+        self.state.pos()
+    }
+
+    /// Bytes held (the head's K and V rows and the hidden row).
+    pub fn bytes(&self) -> u64 {
+        (self.state.bytes() + self.last_hidden.len() * 4) as u64
+    }
+
+    /// Its K rows, V rows (`pos() × row` each) and the hidden row, to save.
+    pub fn parts(&self) -> (&[f32], &[f32], &[f32]) {
+        let (k, v) = self.state.rows();
+        (k, v, &self.last_hidden)
+    }
+}
+
 impl MtpDrafter {
     /// A drafter for `model`'s first MTP head with room for `ctx` positions
     /// (None when the file has no NextN block).
@@ -35,6 +67,81 @@ impl MtpDrafter {
             state,
             last_hidden: vec![0.0; d],
         })
+    }
+
+    /// Positions the head has entries for (in step with the trunk: the
+    /// sequence's position).
+    pub fn pos(&self) -> usize {
+        self.state.pos()
+    }
+
+    /// Back to position 0 (a sequence that was reset).
+    pub fn reset(&mut self) {
+        self.state.clear();
+        self.last_hidden.iter_mut().for_each(|x| *x = 0.0);
+    }
+
+    /// The drafter's state now, to keep with a checkpoint of the sequence.
+    pub fn snapshot(&self) -> MtpSnapshot {
+        MtpSnapshot {
+            state: self.state.clone(),
+            last_hidden: self.last_hidden.clone(),
+        }
+    }
+
+    /// A snapshot for this drafter from saved parts ([`MtpSnapshot::parts`]),
+    /// checked against the head's row width and the model's hidden width.
+    pub fn snapshot_from_parts(
+        &self,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        hidden: Vec<f32>,
+    ) -> Result<MtpSnapshot, ModelError> {
+        if hidden.len() != self.last_hidden.len() {
+            return Err(ModelError::Rollback(format!(
+                "an MTP hidden row of {} values for a model of width {}",
+                hidden.len(),
+                self.last_hidden.len()
+            )));
+        }
+        let head = self.model.mtp().expect("checked at construction");
+        let state = head.state_from_rows(&self.model, self.state.ctx_len(), k, v)?;
+        Ok(MtpSnapshot {
+            state,
+            last_hidden: hidden,
+        })
+    }
+
+    /// Floats per position of the head's K (and V) rows.
+    pub fn kv_row(&self) -> usize {
+        self.model
+            .mtp()
+            .expect("checked at construction")
+            .kv_row(&self.model)
+    }
+
+    /// The model's hidden width.
+    pub fn width(&self) -> usize {
+        self.last_hidden.len()
+    }
+
+    /// Back to `snap` (taken from a drafter of the same model and
+    /// context), as the sequence goes back to the matching checkpoint.
+    pub fn restore(&mut self, snap: &MtpSnapshot) -> Result<(), ModelError> {
+        if snap.state.ctx_len() != self.state.ctx_len()
+            || snap.last_hidden.len() != self.last_hidden.len()
+        {
+            return Err(ModelError::Rollback(format!(
+                "an MTP snapshot of {} positions × width {} restored into a drafter of {} × {}",
+                snap.state.ctx_len(),
+                snap.last_hidden.len(),
+                self.state.ctx_len(),
+                self.last_hidden.len()
+            )));
+        }
+        self.state.clone_from(&snap.state);
+        self.last_hidden.copy_from_slice(&snap.last_hidden);
+        Ok(())
     }
 
     /// Run the head's entries for `tokens` at the positions the trunk just
@@ -55,7 +162,7 @@ impl MtpDrafter {
         input.extend_from_slice(&self.last_hidden);
         input.extend_from_slice(&rows[..(tokens.len() - 1) * d]);
         let head = self.model.mtp().expect("checked at construction");
-        head.forward(&self.model, &mut self.state, &input, tokens, Logits::Last)?;
+        head.append(&self.model, &mut self.state, &input, tokens)?;
         self.last_hidden
             .copy_from_slice(&rows[(tokens.len() - 1) * d..tokens.len() * d]);
         Ok(())
@@ -68,8 +175,7 @@ impl Drafter for MtpDrafter {
     }
 
     fn prime(&mut self, seq: &mut dyn Sequence, prompt: &[u32]) -> Result<(), ModelError> {
-        self.state.clear();
-        self.last_hidden.iter_mut().for_each(|x| *x = 0.0);
+        self.reset();
         let rows = seq.last_hidden()?.to_vec();
         self.catch_up(prompt, &rows)
     }

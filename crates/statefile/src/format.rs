@@ -39,22 +39,22 @@ pub struct SaveStats {
     pub bytes: u64,
 }
 
-struct CrcWriter<W: Write> {
-    w: W,
-    crc: crc32fast::Hasher,
-    n: u64,
+pub(crate) struct CrcWriter<W: Write> {
+    pub(crate) w: W,
+    pub(crate) crc: crc32fast::Hasher,
+    pub(crate) n: u64,
 }
 
 impl<W: Write> CrcWriter<W> {
-    fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
+    pub(crate) fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
         self.crc.update(b);
         self.n += b.len() as u64;
         self.w.write_all(b)
     }
-    fn u32(&mut self, x: u32) -> std::io::Result<()> {
+    pub(crate) fn u32(&mut self, x: u32) -> std::io::Result<()> {
         self.put(&x.to_le_bytes())
     }
-    fn f32s(&mut self, v: &[f32]) -> std::io::Result<()> {
+    pub(crate) fn f32s(&mut self, v: &[f32]) -> std::io::Result<()> {
         let mut buf = Vec::with_capacity(CHUNK.min(v.len() * 4));
         for c in v.chunks(CHUNK / 4) {
             buf.clear();

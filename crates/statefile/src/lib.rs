@@ -15,9 +15,11 @@
 
 mod format;
 mod id;
+mod mtp;
 
 pub use format::{read, read_tokens, write, Expect, SaveStats};
 pub use id::{fnv1a64, ModelId};
+pub use mtp::{read_mtp, write_mtp, MtpExpect, MtpImage, MTP_MAGIC, MTP_VERSION};
 
 use redlite_model::StateImage;
 use std::path::PathBuf;

@@ -98,6 +98,47 @@ impl MtpHead {
         }
     }
 
+    /// Floats per position in each of the head's K and V rows
+    /// (`n_kv_head × head_dim`).
+    pub fn kv_row(&self, model: &Model) -> usize {
+        match model.arch() {
+            crate::arch::Arch::Qwen3Next(q) => q.attn.shape.n_kv_head * q.attn.shape.head_dim,
+            _ => 0,
+        }
+    }
+
+    /// A state of `k.len() / kv_row` positions from saved K and V rows
+    /// (`pos × kv_row` each, as [`MtpState::rows`] gives them), with room
+    /// for `ctx_len`; rows of another width or count are an error.
+    pub fn state_from_rows(
+        &self,
+        model: &Model,
+        ctx_len: usize,
+        k: Vec<f32>,
+        v: Vec<f32>,
+    ) -> Result<MtpState, ModelError> {
+        let row = self.kv_row(model);
+        let bad = |what: String| ModelError::Layer {
+            layer: self.block,
+            what: format!("MTP state: {what}"),
+        };
+        if row == 0 || !k.len().is_multiple_of(row) || k.len() != v.len() {
+            return Err(bad(format!(
+                "{} K and {} V values, not whole rows of {row}",
+                k.len(),
+                v.len()
+            )));
+        }
+        let pos = k.len() / row;
+        if pos > ctx_len {
+            return Err(bad(format!("{pos} positions in a context of {ctx_len}")));
+        }
+        Ok(MtpState {
+            kv: KvCache { k, v, len: pos },
+            ctx_len,
+        })
+    }
+
     /// Run the head over `n = tokens.len()` entries at positions
     /// `st.pos()..`: entry i pairs `hidden` row i (the trunk's output after
     /// `output_norm` at position `st.pos() + i - 1`, or the previous draft
@@ -111,6 +152,30 @@ impl MtpHead {
         hidden: &[f32],
         tokens: &[u32],
         want: Logits,
+    ) -> Result<MtpOutput, ModelError> {
+        self.run(model, st, hidden, tokens, Some(want))
+    }
+
+    /// [`MtpHead::forward`] without the LM head: appends the entries (what
+    /// catching up on positions the trunk ran needs; their drafts are not
+    /// read, and the LM head is the head's largest matmul).
+    pub fn append(
+        &self,
+        model: &Model,
+        st: &mut MtpState,
+        hidden: &[f32],
+        tokens: &[u32],
+    ) -> Result<(), ModelError> {
+        self.run(model, st, hidden, tokens, None).map(|_| ())
+    }
+
+    fn run(
+        &self,
+        model: &Model,
+        st: &mut MtpState,
+        hidden: &[f32],
+        tokens: &[u32],
+        want: Option<Logits>,
     ) -> Result<MtpOutput, ModelError> {
         let crate::arch::Arch::Qwen3Next(q) = model.arch() else {
             return Err(ModelError::Backend {
@@ -130,7 +195,7 @@ impl MtpHead {
         st: &mut MtpState,
         hidden: &[f32],
         tokens: &[u32],
-        want: Logits,
+        want: Option<Logits>,
     ) -> Result<MtpOutput, ModelError> {
         let (n, d, eps) = (tokens.len(), q.cfg.n_embd, q.cfg.eps);
         if n == 0 {
@@ -201,8 +266,9 @@ impl MtpHead {
         );
         let head = self.head.as_ref().unwrap_or(&q.output);
         let logits = match want {
-            Logits::All => ex.linear(head, &x, n)?,
-            Logits::Last => ex.linear(head, &x[(n - 1) * d..], 1)?,
+            Some(Logits::All) => ex.linear(head, &x, n)?,
+            Some(Logits::Last) => ex.linear(head, &x[(n - 1) * d..], 1)?,
+            None => Vec::new(),
         };
         Ok(MtpOutput { logits, hidden: x })
     }
@@ -245,6 +311,11 @@ impl MtpState {
     /// Forget everything (position 0).
     pub fn clear(&mut self) {
         self.kv.clear();
+    }
+
+    /// The K and V rows of its positions (`pos() × row` each, f32).
+    pub fn rows(&self) -> (&[f32], &[f32]) {
+        (&self.kv.k, &self.kv.v)
     }
 
     /// Bytes held (f32 K and V).

@@ -141,6 +141,7 @@ fn start_double_with_hook(prompt_cache: bool) -> (EngineHandle, Arc<Mutex<Calls>
         max_checkpoints: 4,
         state_dir: None,
         spec: Default::default(),
+        model: None,
     };
     let h = start(open, tok, cfg, Arc::new(Metrics::default())).expect("starts");
     (h, calls, hook)
@@ -272,6 +273,7 @@ fn a_sequence_that_cannot_open_is_an_error_at_start() {
         max_checkpoints: 1,
         state_dir: None,
         spec: Default::default(),
+        model: None,
     };
     let e = start(open, tokenizer(), cfg, Arc::new(Metrics::default())).unwrap_err();
     assert!(e.to_string().contains("no device"), "{e}");
