@@ -24,6 +24,8 @@
 #   budget    iq2 file under --memory 8G (Red Lite) against llama.cpp
 #             -ncmoe 35: pp512
 #   cf2q4km   cf2 and q4km synth files: pp2048, both engines
+#   ubatch    iq2 file: Red Lite pp2048 and pp8192 at --ubatch UBS
+#             (default 1024 2048 4096): the chunk size against its scratch
 #   ab        iq2 file: prompt tok/s at PP, the binary under test against
 #             BASE (default .bench-bin/redlite-base, carried beside it),
 #             alternating, ROUNDS rounds (default 2)
@@ -81,7 +83,7 @@ for s in ${STEPS:-build selftest parity pp budget}; do
     parity)
       echo "== parity (tiny fixtures present here)"
       fx=(); for f in $F/tiny-qwen3next-*.gguf; do [[ -f $f ]] && fx+=("$f"); done
-      timeout 400 "$R" parity -m "${fx[@]}" --n-prompt 40 --n-greedy 16 || fail=1 ;;
+      timeout 400 "$R" parity -m "${fx[@]}" --n-prompt ${PARITY_PROMPT:-40} --n-greedy 16 || fail=1 ;;
     pp)
       M=$(synth_file iq2)
       for round in $(seq "${ROUNDS:-1}"); do
@@ -129,6 +131,12 @@ for s in ${STEPS:-build selftest parity pp budget}; do
           echo "== round $round: $(basename "$bin")"
           timeout 300 "$bin" bench model -m "$M" --device cuda -p "${PP:-512,2048,8192}" -n 0 -r 2 2>/dev/null | grep "^| qwen"
         done
+      done ;;
+    ubatch)
+      M=$(synth_file iq2)
+      for ub in ${UBS:-1024 2048 4096}; do
+        echo "== Red Lite --ubatch $ub"
+        rl_pp "$M" -p 2048,8192 -n 0 -r 2 --ubatch "$ub"
       done ;;
     ncu)
       NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
