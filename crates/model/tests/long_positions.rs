@@ -23,8 +23,9 @@ const FIXTURE_FILE: &str = "llama_f32_long_logits.npz";
 /// 4 rows x 512 logits kept for it (logits within ±8, std 2.0). Measured
 /// (this test's output, 2026-12-03, 2 threads): 3.10e-6 at 4,096, 2.62e-6 at
 /// 16,384, 2.74e-6 at 32,768; argmax 4/4 at each. The bound is about 6x the
-/// largest of those, and 1/100 of what a 1% error in the RoPE base gives
-/// already at 4,096 (2.2e-3, `perturbed_rope_base_is_caught_at_4k`).
+/// largest of those, and 1/100 of what a 1% error in the RoPE base or one
+/// token left out 3,068 positions back gives at 4,096 (2.2e-3 and 3.1e-3,
+/// the two tests at the end).
 const MAX_ABS: [(usize, f32); 3] = [(4096, 2e-5), (16384, 2e-5), (32768, 2e-5)];
 
 fn fixture_dir() -> Option<PathBuf> {
@@ -220,6 +221,34 @@ fn perturbed_rope_base_is_caught_at_4k() {
     println!(
         "RoPE base {base} -> {}: prefix 4096 max |Δlogit| {max:.3e} (bound {bound:.1e}); argmax {agree}/{rows}",
         base * 1.01
+    );
+    assert!(max > 50.0 * bound, "{max}");
+}
+
+/// The check sees far-back context: the 4,096 prefix with the one token at
+/// position 1,024 left out (3,068 positions before the checked rows; every
+/// later token one position earlier) is far outside the bound.
+#[test]
+fn one_lost_token_3k_back_is_caught() {
+    let Some(d) = fixture_dir() else { return };
+    let r = reference(&d);
+    let vocab = r.logits.shape[1];
+    assert_eq!(r.positions, expected_positions());
+    assert_eq!(MAX_ABS[0].0, 4096);
+    let model = load(GgufFile::open(d.join(MODEL_FILE)).unwrap());
+    let mut toks: Vec<u32> = r.tokens[..4096].to_vec();
+    toks.remove(1024);
+    let (head, checked) = toks.split_at(toks.len() - ROWS);
+    let mut s = model.new_session(toks.len());
+    s.forward(&model, head, Logits::Last).unwrap();
+    let mut got = Vec::new();
+    for &t in checked {
+        got.extend(s.forward(&model, &[t], Logits::Last).unwrap());
+    }
+    let (max, agree, rows) = compare(prefix_rows(&r, 0, vocab), &got, vocab);
+    let bound = MAX_ABS[0].1;
+    println!(
+        "token 1024 left out: prefix 4096 max |Δlogit| {max:.3e} (bound {bound:.1e}); argmax {agree}/{rows}"
     );
     assert!(max > 50.0 * bound, "{max}");
 }
