@@ -5,7 +5,7 @@
 //! `scripts/fixtures/qwen3next/make_long_fixture.sh` with llama.cpp 0c1e570,
 //! F32 KV cache, flash attention off). Short prompts cannot show a RoPE table,
 //! a softmax sum or a recurrent state that drifts with the position; these
-//! can. Skips (with a message) when the fixture is absent.
+//! can.
 
 mod common;
 
@@ -28,14 +28,18 @@ const FIXTURE_FILE: &str = "llama_f32_long_logits.npz";
 /// the two tests at the end).
 const MAX_ABS: [(usize, f32); 3] = [(4096, 2e-5), (16384, 2e-5), (32768, 2e-5)];
 
-fn fixture_dir() -> Option<PathBuf> {
+/// The fixture folder. The long-position files are committed, so a missing
+/// one fails the test rather than skipping it.
+fn fixture_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3next");
-    if d.join(FIXTURE_FILE).exists() && d.join(MODEL_FILE).exists() {
-        Some(d)
-    } else {
-        eprintln!("skipped: no {}/{FIXTURE_FILE}", d.display());
-        None
+    for f in [MODEL_FILE, FIXTURE_FILE] {
+        assert!(
+            d.join(f).exists(),
+            "missing {}/{f} (made by scripts/fixtures/qwen3next/make_long_fixture.sh)",
+            d.display()
+        );
     }
+    d
 }
 
 struct Reference {
@@ -154,7 +158,7 @@ fn prefix_rows(r: &Reference, i: usize, vocab: usize) -> &[f32] {
 
 #[test]
 fn f32_logits_match_llama_cpp_at_4k_16k_32k() {
-    let Some(d) = fixture_dir() else { return };
+    let d = fixture_dir();
     let r = reference(&d);
     let vocab = r.logits.shape[1];
     assert_eq!(r.tokens, lcg_tokens(22, 32768, vocab as u64));
@@ -195,7 +199,7 @@ fn f32_logits_match_llama_cpp_at_4k_16k_32k() {
 /// already at the 4,096 prefix.
 #[test]
 fn perturbed_rope_base_is_caught_at_4k() {
-    let Some(d) = fixture_dir() else { return };
+    let d = fixture_dir();
     let r = reference(&d);
     let vocab = r.logits.shape[1];
     let f = GgufFile::open(d.join(MODEL_FILE)).unwrap();
@@ -230,7 +234,7 @@ fn perturbed_rope_base_is_caught_at_4k() {
 /// later token one position earlier) is far outside the bound.
 #[test]
 fn one_lost_token_3k_back_is_caught() {
-    let Some(d) = fixture_dir() else { return };
+    let d = fixture_dir();
     let r = reference(&d);
     let vocab = r.logits.shape[1];
     assert_eq!(r.positions, expected_positions());
