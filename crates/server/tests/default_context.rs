@@ -7,19 +7,12 @@
 //! 32768, num_hidden_layers 24, num_key_value_heads 2, hidden_size 896 over
 //! 14 attention heads, so 64 dimensions per head).
 
-use redlite_server::{load, ServeArgs};
-use std::path::PathBuf;
+mod common;
 
-fn demo_model() -> Option<PathBuf> {
-    let p = match std::env::var_os("REDLITE_DEMO_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/redlite/demo-model.gguf"),
-    };
-    p.is_file().then_some(p)
-}
+use redlite_server::{load, ServeArgs};
 
 fn args() -> Option<ServeArgs> {
-    let Some(model) = demo_model() else {
+    let Some(model) = common::demo_model() else {
         if std::env::var_os("CI").is_some() {
             panic!("CI is set but the demo model is missing");
         }

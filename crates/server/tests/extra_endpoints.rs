@@ -2,6 +2,8 @@
 //! model-by-id, tokenize / detokenize and embeddings routes are registered
 //! and answer in their shapes, and `logit_bias` reaches the sampler.
 
+mod common;
+
 use redlite_server::{spawn, RunningServer, ServeArgs};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
@@ -22,23 +24,12 @@ fn start() -> RunningServer {
     spawn(args).expect("start the server on the fixture")
 }
 
+/// A streamed answer's `data:` events as JSON (without `[DONE]`).
 fn http(server: &RunningServer, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let mut s = TcpStream::connect(server.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status = resp[9..12].parse().unwrap();
-    let body = resp.split_once("\r\n\r\n").map_or("", |x| x.1);
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    let (status, _, body) = common::request(server, method, path, "", body);
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
-/// A streamed answer's `data:` events as JSON (without `[DONE]`).
 fn sse_events(server: &RunningServer, path: &str, body: &str) -> Vec<Value> {
     let mut s = TcpStream::connect(server.addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();

@@ -7,6 +7,8 @@
 //! (scripts/test.sh sets both up). Without them the tests skip loudly, and
 //! fail when `CI` is set.
 
+mod common;
+
 use redlite_server::{spawn, RunningServer, ServeArgs};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -19,14 +21,6 @@ use std::time::{Duration, Instant};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const KEY: &str = "test-key-123";
-
-fn demo_model() -> Option<PathBuf> {
-    let p = match std::env::var_os("REDLITE_DEMO_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/redlite/demo-model.gguf"),
-    };
-    p.is_file().then_some(p)
-}
 
 fn python() -> Option<String> {
     let py = std::env::var("REDLITE_PYTHON").ok()?;
@@ -49,7 +43,7 @@ fn skip(why: &str) {
 }
 
 fn start(api_key: Option<&str>) -> Option<RunningServer> {
-    let Some(model) = demo_model() else {
+    let Some(model) = common::demo_model() else {
         skip("the demo model is missing: run `bash scripts/fetch-demo-model.sh` or set REDLITE_DEMO_MODEL");
         return None;
     };
@@ -62,7 +56,6 @@ fn start(api_key: Option<&str>) -> Option<RunningServer> {
     Some(spawn(args).expect("start the server"))
 }
 
-/// One HTTP/1.1 request over a fresh connection; (status, body).
 fn http(
     server: &RunningServer,
     method: &str,
@@ -70,29 +63,14 @@ fn http(
     body: &str,
     key: Option<&str>,
 ) -> (u16, String) {
-    let mut s = TcpStream::connect(server.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
     let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status = resp[9..12].parse().unwrap();
-    let body = resp.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
+    let (status, _, body) = common::request(server, method, path, &auth, body);
     (status, body)
 }
 
 fn metric(server: &RunningServer, name: &str) -> f64 {
-    let (_, text) = http(server, "GET", "/metrics", "", Some(KEY));
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    let auth = format!("Authorization: Bearer {KEY}\r\n");
+    common::metric(server, &auth, name).unwrap_or(0.0)
 }
 
 #[test]

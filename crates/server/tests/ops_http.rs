@@ -2,23 +2,14 @@
 //! `Retry-After` on a 503, the latency histograms in `/metrics` and the
 //! access log. Skips loudly without the demo model (fails under `CI`).
 
+mod common;
+
 use redlite_server::{spawn, RunningServer, ServeArgs};
 use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-fn demo_model() -> Option<PathBuf> {
-    let p = match std::env::var_os("REDLITE_DEMO_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/redlite/demo-model.gguf"),
-    };
-    p.is_file().then_some(p)
-}
 
 fn start(cors: &[&str], parallel_queue: usize) -> Option<RunningServer> {
-    let Some(model) = demo_model() else {
+    let Some(model) = common::demo_model() else {
         if std::env::var_os("CI").is_some() {
             panic!("CI is set but the demo model is missing");
         }
@@ -34,36 +25,6 @@ fn start(cors: &[&str], parallel_queue: usize) -> Option<RunningServer> {
     Some(spawn(args).expect("start the server"))
 }
 
-/// Send a raw request; the connection, for reading the answer.
-fn send(server: &RunningServer, method: &str, path: &str, headers: &str, body: &str) -> TcpStream {
-    let mut s = TcpStream::connect(server.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    s
-}
-
-/// (status, lower-cased head, body).
-fn http(
-    server: &RunningServer,
-    method: &str,
-    path: &str,
-    headers: &str,
-    body: &str,
-) -> (u16, String, String) {
-    let mut resp = String::new();
-    send(server, method, path, headers, body)
-        .read_to_string(&mut resp)
-        .unwrap();
-    let status = resp[9..12].parse().unwrap();
-    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-    (status, head.to_ascii_lowercase(), body.to_string())
-}
-
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
 
@@ -76,6 +37,8 @@ impl Write for Captured {
         Ok(())
     }
 }
+
+use common::{request as http, send};
 
 #[test]
 fn cors_retry_after_histograms_and_access_log() {

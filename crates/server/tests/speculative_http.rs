@@ -5,42 +5,18 @@
 //! speculative fields are 400s naming the field. Skips loudly without the
 //! demo model (fails under `CI`).
 
+mod common;
+
 use redlite_server::{spawn, RunningServer, ServeArgs};
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::PathBuf;
-use std::time::Duration;
-
-fn demo_model() -> Option<PathBuf> {
-    let p = match std::env::var_os("REDLITE_DEMO_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/redlite/demo-model.gguf"),
-    };
-    if p.is_file() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI is set but the demo model is missing"
-    );
-    eprintln!("\n!!! SKIPPED: the demo model is missing (scripts/fetch-demo-model.sh)\n");
-    None
-}
 
 fn http(server: &RunningServer, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(server.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status = resp[9..12].parse().unwrap();
-    (status, resp.split_once("\r\n\r\n").unwrap().1.to_string())
+    let (status, _, body) = common::request(server, method, path, "", body);
+    (status, body)
+}
+
+fn metric(server: &RunningServer, name: &str) -> f64 {
+    common::metric(server, "", name).unwrap_or_else(|| panic!("{name} missing from /metrics"))
 }
 
 const FILE: &str = "def parse_header(data):\n    magic, version = data[:4], data[4]\n    if magic != b\"GGUF\":\n        raise ValueError(\"not a GGUF file\")\n    return version\n\n\ndef read_all(path):\n    with open(path, \"rb\") as f:\n        return parse_header(f.read())\n";
@@ -65,16 +41,11 @@ fn answer(server: &RunningServer, extra: Value) -> String {
         .to_string()
 }
 
-fn metric(server: &RunningServer, name: &str) -> f64 {
-    let (_, text) = http(server, "GET", "/metrics", "");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{text}"))
-}
-
 #[test]
 fn an_edit_turn_with_lookup_is_the_same_text_and_counts_its_drafts() {
-    let Some(model) = demo_model() else { return };
+    let Some(model) = common::demo_model() else {
+        return;
+    };
     let mut args = ServeArgs::for_model(&model);
     args.port = 0;
     args.ctx_size = 1024;
@@ -115,7 +86,9 @@ fn an_edit_turn_with_lookup_is_the_same_text_and_counts_its_drafts() {
 
 #[test]
 fn serve_spec_lookup_is_the_default_a_request_can_turn_off() {
-    let Some(model) = demo_model() else { return };
+    let Some(model) = common::demo_model() else {
+        return;
+    };
     let mut args = ServeArgs::for_model(&model);
     args.port = 0;
     args.ctx_size = 1024;

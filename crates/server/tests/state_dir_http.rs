@@ -6,28 +6,12 @@
 //! counter), answering exactly as a server that never restarted. Skips
 //! loudly without the demo model (fails under `CI`).
 
+mod common;
+
 use redlite_server::{spawn, RunningServer, ServeArgs};
 use serde_json::Value;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-fn demo_model() -> Option<PathBuf> {
-    let p = match std::env::var_os("REDLITE_DEMO_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/redlite/demo-model.gguf"),
-    };
-    if p.is_file() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI is set but the demo model is missing"
-    );
-    eprintln!("\n!!! SKIPPED: the demo model is missing (scripts/fetch-demo-model.sh)\n");
-    None
-}
 
 fn start(model: &Path, state_dir: Option<&Path>, limit: u64) -> RunningServer {
     let mut args = ServeArgs::for_model(model);
@@ -39,22 +23,17 @@ fn start(model: &Path, state_dir: Option<&Path>, limit: u64) -> RunningServer {
     spawn(args).expect("start the server")
 }
 
+/// (text, prompt tokens, cached prompt tokens) of a greedy chat answer.
 fn http(server: &RunningServer, method: &str, path: &str, body: &str) -> String {
-    let mut s = TcpStream::connect(server.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    resp.split_once("\r\n\r\n").unwrap().1.to_string()
+    let (status, _, body) = common::request(server, method, path, "", body);
+    assert_eq!(status, 200, "{body}");
+    body
 }
 
-/// (text, prompt tokens, cached prompt tokens) of a greedy chat answer.
+fn metric(server: &RunningServer, name: &str) -> f64 {
+    common::metric(server, "", name).unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
 fn chat(server: &RunningServer, messages: &Value) -> (String, u64, u64) {
     let body = serde_json::json!({
         "model": "demo",
@@ -93,18 +72,6 @@ fn turn_two(answer: &str) -> Value {
     ])
 }
 
-fn metric(server: &RunningServer, name: &str) -> f64 {
-    let m = http(server, "GET", "/metrics", "");
-    m.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .unwrap_or_else(|| panic!("no {name} in {m}"))
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 /// The state files once `n` are there: the engine thread writes a turn's
 /// state after sending the answer, so it may still be writing.
 fn wait_for(dir: &Path, n: usize) -> Vec<(PathBuf, u64)> {
@@ -132,7 +99,9 @@ fn state_files(dir: &Path) -> Vec<(PathBuf, u64)> {
 
 #[test]
 fn a_conversation_survives_a_restart_and_answers_as_without_one() {
-    let Some(model) = demo_model() else { return };
+    let Some(model) = common::demo_model() else {
+        return;
+    };
     let dir = std::env::temp_dir().join(format!("redlite-state-dir-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     // The server that never restarts: both turns in one process.
