@@ -501,8 +501,19 @@ impl CudaDecoder {
                     // Tensor cores where a block's 64 query rows fill up
                     // (pp2048 on the iq2 file: 4,949 tok/s against 4,552
                     // with the warp kernel; pp512 at depth 32K 2.2x).
-                    let flash = n * (a.dims.n_head / a.dims.n_kv) >= ops::FLASH_ROWS;
-                    ops::attn_chunk(gpu, &a.dims, q, &a.kv, gate, o, pos0, n, a.scale, flash)?;
+                    let kernel = if n * (a.dims.n_head / a.dims.n_kv) >= ops::FLASH_ROWS {
+                        // Partials of a split in the routed experts' pair
+                        // buffer, free until this layer's MoE.
+                        let part = &*pair_g;
+                        let split = ops::flash_splits(&a.dims, pos0, n, gpu.sms, part.len());
+                        ops::AttnKernel::Flash {
+                            split,
+                            part: Some(part),
+                        }
+                    } else {
+                        ops::AttnKernel::Warp
+                    };
+                    ops::attn_chunk(gpu, &a.dims, q, &a.kv, gate, o, pos0, n, a.scale, kernel)?;
                     lap!("attention: prep + causal attention", 2);
                     a.wo.gemm(
                         gpu,
