@@ -302,8 +302,8 @@ fn prefill_table(
     pdl: bool,
 ) -> Result<bool> {
     println!();
-    println!("| file | prompt | batched prefill against | ubatch | positions + greedy steps | argmax agree | worst max abs dlogit | worst KL | greedy {n_greedy} identical | verdict |");
-    println!("|---|---|---|---:|---:|---:|---:|---:|---|---|");
+    println!("| file | prompt | batched prefill against | ubatch | positions + greedy steps | argmax agree | worst max abs dlogit | worst KL | at step | median KL | steps over the gate | greedy {n_greedy} identical | verdict |");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
     let mut all = true;
     for path in files {
         let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(path)?);
@@ -355,13 +355,16 @@ fn prefill_table(
                             all &= ok;
                         }
                         println!(
-                            "| {name} | {what} | {against} | {} | {} | {}/{} | {:.3e} | {:.3e} | {} | {} |",
+                            "| {name} | {what} | {against} | {} | {} | {}/{} | {:.3e} | {:.3e} | {} | {:.1e} | {} | {} | {} |",
                             ubatch.map_or("default".to_string(), |u| u.to_string()),
                             p.steps,
                             p.argmax_agree,
                             p.steps,
                             p.worst.max_abs,
                             p.worst.kl,
+                            p.worst_kl_step,
+                            p.median_kl(),
+                            p.steps_over(kl_max),
                             if p.greedy_equal() {
                                 "yes".to_string()
                             } else {
