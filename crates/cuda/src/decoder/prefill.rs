@@ -294,10 +294,18 @@ impl CudaDecoder {
         );
         let mut out = Vec::new();
         self.begin_prefill()?;
+        // On an error the copy stream is still drained before returning:
+        // its copies read pinned memory the decoder may free next.
+        let mut res = Ok(());
         for part in tokens.chunks(chunk) {
-            self.run_chunk(model, part, chunk, all.then_some(&mut out), &mut None)?;
+            res = self.run_chunk(model, part, chunk, all.then_some(&mut out), &mut None);
+            if res.is_err() {
+                break;
+            }
         }
-        self.end_prefill()?;
+        let end = self.end_prefill();
+        res?;
+        end?;
         if !all {
             out = self.gpu.stream.clone_dtoh(&self.bufs.logits)?;
         }
@@ -322,10 +330,16 @@ impl CudaDecoder {
         let mut laps = Some(Laps::new());
         let t0 = std::time::Instant::now();
         self.begin_prefill()?;
+        let mut res = Ok(());
         for part in tokens.chunks(chunk) {
-            self.run_chunk(model, part, chunk, None, &mut laps)?;
+            res = self.run_chunk(model, part, chunk, None, &mut laps);
+            if res.is_err() {
+                break;
+            }
         }
-        self.end_prefill()?;
+        let end = self.end_prefill();
+        res?;
+        end?;
         let total_us = t0.elapsed().as_secs_f64() * 1e6 / n;
         self.set_pos(pos0)?;
         let t1 = std::time::Instant::now();
