@@ -21,8 +21,9 @@
 #             PP_PROFILE, default 2048) and Red Lite's pp512/pp2048 alone
 #   attn      iq2 file: Red Lite alone, prompt tok/s at PP and pp512 at
 #             depth 32768
-#   budget    iq2 file under --memory 8G (Red Lite) against llama.cpp
-#             -ncmoe 35: pp512
+#   budget    iq2 file under --memory 8G (Red Lite: tok/s and PCIe MiB a
+#             prompt token at PP_BUDGET, default 512,2048) against
+#             llama.cpp -ncmoe 35: pp512
 #   cf2q4km   cf2 and q4km synth files: pp2048, both engines
 #   ubatch    iq2 file: Red Lite pp2048 and pp8192 at --ubatch UBS
 #             (default 1024 2048 4096): the chunk size against its scratch
@@ -108,8 +109,11 @@ for s in ${STEPS:-build selftest parity pp budget}; do
       rl_pp "$M" -p 512 -n 0 -d 32768 --pp-at-depth -r "${REPS:-2}" ;;
     budget)
       M=$(synth_file iq2)
-      echo "== Red Lite --memory 8G (bounded expert cache: prompts token by token so far)"
-      rl_pp "$M" -p 512 -n 0 -r 2 --memory 8G
+      echo "== Red Lite --memory 8G (bounded expert cache: batched prefill, each chunk's experts not in the cache staged once per MoE layer)"
+      rl_pp "$M" -p "${PP_BUDGET:-512,2048}" -n 0 -r 2 --memory 8G
+      # per run: tok/s, and the experts read from slots / uploaded and the
+      # PCIe MiB per prompt token ("cache: ..."); the plan's prefill share
+      grep -E "run [0-9]+/[0-9]+:.*cache:|batched prefill:|prompts in chunks" "$WORK/rl.err" | sed 's/^/    /' 
       if wait_build; then
         echo "== llama.cpp -ncmoe 35"
         ll_pp "$M" -p 512 -n 0 -r 2 -ncmoe 35

@@ -281,12 +281,80 @@ pub fn parity_cli(
             }
         }
     }
+    all &= prefill_cache_table(files, n_prompt, n_greedy, &tuning)?;
     println!();
     println!("CPU engine (one token per forward) vs the CUDA decoder (one graph per token, f32 activations); gate on the reference rows: every argmax equal, KL <= {kl_max:e}, greedy identical; router mismatches = (MoE layer, step) pairs whose chosen experts differ (reported)");
     // State files: a state carried between the GPU and the CPU.
     all &= crate::cudastate::state_table(files, n_prompt, n_greedy, pdl)?;
     ensure!(all, "CUDA parity failed");
     Ok(())
+}
+
+/// The batched prefill under bounded expert caches (the minimum, a token's
+/// experts, and half the experts; pre-gating off and on; chunks of 16 and
+/// 5 tokens, so the prompt spans several chunks and the last is short)
+/// against the batched prefill with every expert resident: identical bit
+/// for bit at every position and greedy step.
+fn prefill_cache_table(
+    files: &[std::path::PathBuf],
+    n_prompt: usize,
+    n_greedy: usize,
+    tuning: &redlite_cuda::CudaTuning,
+) -> Result<bool> {
+    println!();
+    println!("| file | activations | slots per layer | pre-gating | ubatch | positions + greedy steps | steps with any logit bit different | greedy identical | experts from slots / uploaded (ahead, used) | MiB uploaded | verdict |");
+    println!("|---|---|---|---|---:|---:|---:|---|---|---:|---|");
+    let mut all = true;
+    for path in files {
+        let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(path)?);
+        let mut model = Model::load(file, Default::default())?;
+        let (k, e) = match model.expert_layout()?.layers.iter().flatten().next() {
+            Some(l) => (model.n_expert_used(), l.n_expert),
+            None => continue,
+        };
+        let prompt = tokens(7, n_prompt, model.n_vocab());
+        let name = path
+            .file_name()
+            .map_or(path.display().to_string(), |n| n.to_string_lossy().into());
+        let gpu = Gpu::with_defines(0, &tuning.defines)?;
+        let mut sizes = vec![k, (e / 2).max(k)];
+        sizes.dedup();
+        sizes.retain(|&s| s < e);
+        for int8 in [true, false] {
+            model.set_reference(!int8);
+            let runs = redlite_cuda::parity::prefill_cache_sweep(
+                &gpu,
+                &model,
+                &prompt,
+                n_greedy,
+                int8,
+                &sizes,
+                &[16, 5],
+                tuning,
+            )?;
+            for r in runs {
+                all &= r.ok();
+                let u = r.uploads;
+                println!(
+                    "| {name} | {} | {} | {} | {} | {} | {} | {} | {} / {} ({}, {}) | {:.2} | {} |",
+                    if int8 { "int8" } else { "f32" },
+                    r.slots_per_layer,
+                    if r.pregate { "on" } else { "off" },
+                    r.chunk,
+                    r.steps,
+                    r.steps_differing,
+                    if r.greedy_equal { "yes" } else { "no" },
+                    u.resident,
+                    u.uploaded,
+                    u.ahead,
+                    u.ahead_used,
+                    u.bytes as f64 / (1u64 << 20) as f64,
+                    if r.ok() { "ok" } else { "FAIL" }
+                );
+            }
+        }
+    }
+    Ok(all)
 }
 
 /// The batched prefill (every position's logits from one `prefill`, in

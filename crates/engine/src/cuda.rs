@@ -99,11 +99,19 @@ impl CudaBackend {
         )
         .map_err(err)?;
         let d = seq.decoder();
+        let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
         let prefill = if d.batched_prefill() {
+            let staging = match d.prefill_staging_bytes() {
+                0 => String::new(),
+                b => format!(
+                    " + {:.0} MiB of staging images for the experts not in the cache",
+                    mib(b)
+                ),
+            };
             format!(
-                ", prompts in chunks of {} tokens ({:.0} MiB of prefill scratch)",
+                ", prompts in chunks of {} tokens ({:.0} MiB of prefill scratch{staging})",
                 d.prefill_chunk(),
-                d.prefill_scratch_bytes() as f64 / (1u64 << 20) as f64
+                mib(d.prefill_scratch_bytes())
             )
         } else {
             ", prompts token by token".to_string()
@@ -123,6 +131,34 @@ impl CudaBackend {
     pub(crate) fn describe(&self) -> String {
         self.described.clone()
     }
+}
+
+/// The batched prefill's scratch per chunk token, estimated from the
+/// file's tensor shapes (`redlite_cuda::prefill_experts::scratch_per_token`
+/// says what it bounds): hidden size, experts a token and their rows, and
+/// the most rows of one layer's 2-D weights together.
+fn prefill_bytes_per_token(model: &Model) -> u64 {
+    let tensors = model.file().tensors();
+    let d = tensors
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .and_then(|t| t.dims.first().copied())
+        .unwrap_or(0);
+    let mut ff = 0u64;
+    let mut layer_rows = std::collections::BTreeMap::<&str, u64>::new();
+    for t in tensors {
+        let Some(rest) = t.name.strip_prefix("blk.") else {
+            continue;
+        };
+        let layer = rest.split('.').next().unwrap_or("");
+        match t.dims.as_slice() {
+            [_, rows] => *layer_rows.entry(layer).or_default() += rows,
+            [_, rows, _] if t.name.contains("gate") || t.name.contains("up") => ff = ff.max(*rows),
+            _ => {}
+        }
+    }
+    let rows = layer_rows.values().copied().max().unwrap_or(0);
+    redlite_cuda::prefill_experts::scratch_per_token(d, model.n_expert_used() as u64, ff, rows)
 }
 
 /// The device memory plan: dense weights (everything but routed experts
@@ -180,6 +216,8 @@ fn plan(
             ExpertSource::File => device_plan::ExpertSource::File,
         },
         pregate: mem.cache.pregate > 0,
+        prefill_chunk: opts.ubatch.unwrap_or(DEFAULT_UBATCH).min(mem.ctx) as u64,
+        prefill_bytes_per_token: prefill_bytes_per_token(model),
     };
     let (cache, mut line) = plan_device(&input).map_err(err)?;
     if sessions > 1 {
