@@ -357,10 +357,26 @@ fn prefill_cache_table(
     Ok(all)
 }
 
+/// The KL above which a batched-prefill step counts as an outlier (an
+/// expert flipped by a near tie, see `--prefill-kl-max`).
+const PREFILL_STEP_KL: f64 = 1e-4;
+
+/// The batched prefill's gate: the worst step within `kl_max`, at most 2%
+/// of the steps (at least one) over [`PREFILL_STEP_KL`], 99% of the
+/// argmaxes equal, the greedy tokens identical. A systematic error lifts
+/// every step's KL and fails the 2% rule long before the worst bound.
+fn prefill_ok(p: &Parity, kl_max: f64) -> bool {
+    let outliers = (p.steps / 50).max(1);
+    p.worst.kl <= kl_max
+        && p.steps_over(PREFILL_STEP_KL) <= outliers
+        && p.argmax_agree * 100 >= p.steps * 99
+        && p.greedy_equal()
+}
+
 /// The batched prefill (every position's logits from one `prefill`, in
 /// chunks of `--ubatch` tokens: the default and 16, which splits even a
 /// short prompt) against the same device token by token and against the
-/// CPU reference path; gated on `kl_max`, argmax and greedy tokens.
+/// CPU reference path; gated by [`prefill_ok`].
 fn prefill_table(
     files: &[std::path::PathBuf],
     texts: &[String],
@@ -370,7 +386,7 @@ fn prefill_table(
     pdl: bool,
 ) -> Result<bool> {
     println!();
-    println!("| file | prompt | batched prefill against | ubatch | positions + greedy steps | argmax agree | worst max abs dlogit | worst KL | at step | median KL | steps over the gate | greedy {n_greedy} identical | verdict |");
+    println!("| file | prompt | batched prefill against | ubatch | positions + greedy steps | argmax agree | worst max abs dlogit | worst KL | at step | median KL | steps over 1e-4 | greedy {n_greedy} identical | verdict |");
     println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
     let mut all = true;
     for path in files {
@@ -414,8 +430,7 @@ fn prefill_table(
                 for (what, prompt) in &ps {
                     for (against, b) in others.iter_mut() {
                         let p: Parity = compare_prefill(&mut *a, &mut **b, prompt, n_greedy)?;
-                        let ok =
-                            p.argmax_agree == p.steps && p.worst.kl <= kl_max && p.greedy_equal();
+                        let ok = prefill_ok(&p, kl_max);
                         // Gated: f32 activations (the reference arithmetic
                         // on both sides but the GEMMs' f16 inputs); the
                         // int8 rows compare two roundings of activations.
@@ -432,7 +447,7 @@ fn prefill_table(
                             p.worst.kl,
                             p.worst_kl_step,
                             p.median_kl(),
-                            p.steps_over(kl_max),
+                            p.steps_over(PREFILL_STEP_KL),
                             if p.greedy_equal() {
                                 "yes".to_string()
                             } else {

@@ -195,8 +195,11 @@ pub fn fit_chunk(
     allowance: u64,
     bytes: impl Fn(usize) -> u64,
 ) -> Option<usize> {
+    // A requested chunk below `min` is taken as it is (a small --ubatch
+    // is a choice); `min` bounds only the halving.
+    let floor = min.min(want).max(1);
     let mut c = want;
-    while c >= min.max(1) {
+    while c >= floor {
         if bytes(c) <= allowance {
             return Some(c);
         }
@@ -313,6 +316,10 @@ mod tests {
         assert_eq!(fit_chunk(2048, 8, 4 << 20, bytes), Some(2048));
         assert_eq!(fit_chunk(2048, 8, 1 << 20, bytes), None);
         assert_eq!(fit_chunk(0, 8, u64::MAX, bytes), None);
+        // A requested chunk under the minimum is taken when it fits (the
+        // parity table's 5-token chunks), never halved below it.
+        assert_eq!(fit_chunk(5, 8, u64::MAX, bytes), Some(5));
+        assert_eq!(fit_chunk(5, 8, 1 << 10, bytes), None);
     }
 
     #[test]
