@@ -95,11 +95,17 @@ pub fn parity_cli(
     (kl_max, prefill_kl_max): (f64, f64),
     pdl: bool,
     texts: &[String],
+    prefill_only: bool,
 ) -> Result<()> {
     // The gated rows need the f32 reference arithmetic whatever
     // REDLITE_REFERENCE said: set before any model runs.
     redlite_quant::set_reference_mode(redlite_quant::ReferenceMode::F32);
     let tuning = tuning()?;
+    if prefill_only {
+        let ok = prefill_table(files, texts, n_prompt, n_greedy, prefill_kl_max, pdl)?;
+        ensure!(ok, "CUDA prefill parity failed");
+        return Ok(());
+    }
     println!("| file | prompt | paths | steps | argmax agree | worst max abs dlogit | worst KL | router mismatches | greedy {n_greedy} identical | verdict |");
     println!("|---|---|---|---:|---:|---:|---:|---:|---|---|");
     let mut all = true;

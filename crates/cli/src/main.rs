@@ -87,6 +87,10 @@ enum Command {
         /// must agree.
         #[arg(long, default_value_t = 5e-3)]
         prefill_kl_max: f64,
+        /// Only the batched prefill's table (long prompts: 4096 and 8192
+        /// positions, where the other tables would take long).
+        #[arg(long)]
+        prefill_only: bool,
         /// Plain launches instead of programmatic dependent launch (PDL, the default; docs/cuda.md).
         #[arg(long)]
         no_pdl: bool,
@@ -217,6 +221,7 @@ fn run(mut cli: Cli) -> Result<()> {
             n_greedy,
             kl_max,
             prefill_kl_max,
+            prefill_only,
             no_pdl,
             prompt,
         } => redlite_cli::cudabench::parity_cli(
@@ -226,6 +231,7 @@ fn run(mut cli: Cli) -> Result<()> {
             (kl_max, prefill_kl_max),
             !no_pdl,
             &prompt,
+            prefill_only,
         )?,
         #[cfg(feature = "cuda")]
         Command::Bench {
