@@ -52,7 +52,7 @@ done
 echo "==> every kernel entry is in src/kernels.rs's list (the engine loads only those)"
 for p in "$out"/*.ptx; do
   for k in $(sed -n 's/^\.visible \.entry \([A-Za-z0-9_]*\)(.*/\1/p' "$p"); do
-    grep -qF "\"$k\"" crates/cuda/src/kernels.rs || {
+    grep -qxF "$k" "${p%.ptx}.kernels" || {
       echo "ERROR: $(basename "$p" .ptx).cu defines kernel $k, which src/kernels.rs does not list" >&2
       exit 1
     }
