@@ -11,10 +11,6 @@ use redlite_model::sequence::Sequence;
 use redlite_model::{MemoryRequest, Model};
 use std::sync::Arc;
 
-/// Prompt tokens per batched-prefill chunk unless `--ubatch` says (the
-/// seeds' engine took 2048 under full residency).
-pub const DEFAULT_UBATCH: usize = 2048;
-
 fn err(e: impl std::fmt::Display) -> EngineError {
     EngineError::Backend {
         backend: "cuda",
@@ -31,7 +27,9 @@ pub(crate) struct CudaBackend {
     cache: Option<ExpertCacheOptions>,
     int8: bool,
     kv: ops::KvType,
-    ubatch: Option<usize>,
+    /// Prompt tokens a batched-prefill chunk asks for (the plan's choice
+    /// or `--ubatch`; under a bounded cache the decoder may halve it).
+    chunk: usize,
     described: String,
 }
 
@@ -54,7 +52,7 @@ impl CudaBackend {
             KvType::F16 => ops::KvType::F16,
             KvType::F32 => ops::KvType::F32,
         };
-        let (cache, line) = plan(&gpu, model, opts, mem, kv)?;
+        let (cache, line, chunk) = plan(&gpu, model, opts, mem, kv)?;
         let described = format!("cuda: {}", gpu.name);
         Ok((
             CudaBackend {
@@ -64,7 +62,7 @@ impl CudaBackend {
                 cache,
                 int8: opts.activations == Activations::Int8,
                 kv,
-                ubatch: opts.ubatch,
+                chunk,
                 described,
             },
             line,
@@ -94,7 +92,7 @@ impl CudaBackend {
                 kv_type: self.kv,
                 expert_cache: self.cache,
                 tuning: self.tuning.clone(),
-                prefill_chunk: self.ubatch.unwrap_or(DEFAULT_UBATCH).min(ctx),
+                prefill_chunk: self.chunk.min(ctx),
             },
         )
         .map_err(err)?;
@@ -176,7 +174,7 @@ fn plan(
     opts: &BackendOptions,
     mem: &MemoryRequest,
     kv: ops::KvType,
-) -> Result<(Option<ExpertCacheOptions>, String), EngineError> {
+) -> Result<(Option<ExpertCacheOptions>, String, usize), EngineError> {
     let (free, total) = gpu.mem_info().map_err(err)?;
     let layout = model.expert_layout()?;
     let (dense, experts) = model.weight_split()?;
@@ -216,7 +214,10 @@ fn plan(
             ExpertSource::File => device_plan::ExpertSource::File,
         },
         pregate: mem.cache.pregate > 0,
-        prefill_chunk: opts.ubatch.unwrap_or(DEFAULT_UBATCH).min(mem.ctx) as u64,
+        prefill_chunk: opts
+            .ubatch
+            .map_or(device_plan::BOUNDED_UBATCH, |u| u as u64)
+            .min(mem.ctx as u64),
         prefill_bytes_per_token: prefill_bytes_per_token(model),
     };
     let (cache, mut line) = plan_device(&input).map_err(err)?;
@@ -226,5 +227,11 @@ fn plan(
             sessions - 1
         ));
     }
-    Ok((cache, line))
+    // At full residency a larger chunk where its scratch still fits;
+    // under a cache the plan's share was sized from `prefill_chunk`.
+    let chunk = match cache {
+        None => device_plan::resident_chunk(&input, opts.ubatch.map(|u| u as u64)),
+        Some(_) => input.prefill_chunk,
+    };
+    Ok((cache, line, chunk as usize))
 }
