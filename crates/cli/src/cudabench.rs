@@ -240,16 +240,16 @@ pub fn parity_cli(
     println!("| file | activations | slots per layer | misses from | pre-gating | steps | steps with any logit bit different | greedy identical | hit rate | prefetched (used) | verdict |");
     println!("|---|---|---|---|---|---:|---:|---|---|---|---|");
     for path in files {
-        let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(path)?);
-        let mut model = Model::load(file, Default::default())?;
-        let (k, e) = match model.expert_layout()?.layers.iter().flatten().next() {
-            Some(l) => (model.n_expert_used(), l.n_expert),
-            None => continue,
+        let Some(MoeFile {
+            mut model,
+            k,
+            e,
+            prompt,
+            name,
+        }) = MoeFile::open(path, n_prompt)?
+        else {
+            continue;
         };
-        let prompt = tokens(7, n_prompt, model.n_vocab());
-        let name = path
-            .file_name()
-            .map_or(path.display().to_string(), |n| n.to_string_lossy().into());
         let gpu = Gpu::with_defines(0, &tuning.defines)?;
         for int8 in [true, false] {
             model.set_reference(!int8);
@@ -312,16 +312,16 @@ fn prefill_cache_table(
     println!("|---|---|---|---|---:|---:|---:|---|---|---:|---|");
     let mut all = true;
     for path in files {
-        let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(path)?);
-        let mut model = Model::load(file, Default::default())?;
-        let (k, e) = match model.expert_layout()?.layers.iter().flatten().next() {
-            Some(l) => (model.n_expert_used(), l.n_expert),
-            None => continue,
+        let Some(MoeFile {
+            mut model,
+            k,
+            e,
+            prompt,
+            name,
+        }) = MoeFile::open(path, n_prompt)?
+        else {
+            continue;
         };
-        let prompt = tokens(7, n_prompt, model.n_vocab());
-        let name = path
-            .file_name()
-            .map_or(path.display().to_string(), |n| n.to_string_lossy().into());
         let gpu = Gpu::with_defines(0, &tuning.defines)?;
         let mut sizes = vec![k, (e / 2).max(k)];
         sizes.dedup();
@@ -361,6 +361,43 @@ fn prefill_cache_table(
         }
     }
     Ok(all)
+}
+
+/// A file of a MoE model for the cache tables: the model, experts a
+/// token (`k`) and per layer (`e`), the random prompt, the file's name.
+struct MoeFile {
+    model: Model,
+    k: usize,
+    e: usize,
+    prompt: Vec<u32>,
+    name: String,
+}
+
+impl MoeFile {
+    /// None for a file without routed experts.
+    fn open(path: &std::path::Path, n_prompt: usize) -> Result<Option<MoeFile>> {
+        let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(path)?);
+        let model = Model::load(file, Default::default())?;
+        let Some(e) = model
+            .expert_layout()?
+            .layers
+            .iter()
+            .flatten()
+            .next()
+            .map(|l| l.n_expert)
+        else {
+            return Ok(None);
+        };
+        Ok(Some(MoeFile {
+            k: model.n_expert_used(),
+            e,
+            prompt: tokens(7, n_prompt, model.n_vocab()),
+            name: path
+                .file_name()
+                .map_or(path.display().to_string(), |n| n.to_string_lossy().into()),
+            model,
+        }))
+    }
 }
 
 /// The KL above which a batched-prefill step counts as an outlier (an

@@ -103,16 +103,7 @@ pub fn cache_sweep(
             c.from_file = from_file;
             let mut dec = CudaDecoder::new(gpu.side()?, model, &opts(Some(c)))?;
             let (got, ids) = run_decoder(&mut dec, model, prompt, n_greedy)?;
-            let differing = want
-                .iter()
-                .zip(&got)
-                .filter(|(a, b)| {
-                    a.len() != b.len()
-                        || a.iter()
-                            .zip(b.iter())
-                            .any(|(x, y)| x.to_bits() != y.to_bits())
-                })
-                .count();
+            let differing = rows_differing(&want, &got);
             let counters = dec.cache_totals()?.map(|t| t.0).unwrap_or_default();
             out.push(CacheRun {
                 slots_per_layer: slots,
@@ -214,17 +205,7 @@ pub fn prefill_cache_sweep(
                 c.pregate = pregate;
                 let mut dec = CudaDecoder::new(gpu.side()?, model, &opts(Some(c), chunk))?;
                 let (got, ids) = run_prefill(&mut dec, model, prompt, n_greedy, n_vocab)?;
-                let differing = want
-                    .iter()
-                    .zip(&got)
-                    .filter(|(a, b)| {
-                        a.len() != b.len()
-                            || a.iter()
-                                .zip(b.iter())
-                                .any(|(x, y)| x.to_bits() != y.to_bits())
-                    })
-                    .count()
-                    + want.len().abs_diff(got.len());
+                let differing = rows_differing(&want, &got);
                 out.push(PrefillCacheRun {
                     slots_per_layer: slots,
                     pregate,
@@ -238,4 +219,31 @@ pub fn prefill_cache_sweep(
         }
     }
     Ok(out)
+}
+
+/// Logit rows of `got` that differ from `want`'s in any bit (a row of
+/// another length counts, and so does each row one side lacks).
+fn rows_differing(want: &[Vec<f32>], got: &[Vec<f32>]) -> usize {
+    let differs = |(a, b): (&Vec<f32>, &Vec<f32>)| {
+        a.len() != b.len() || a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits())
+    };
+    want.iter().zip(got).filter(|&p| differs(p)).count() + want.len().abs_diff(got.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rows_differing;
+
+    #[test]
+    fn rows_differ_by_any_bit_length_or_absence() {
+        let want = vec![vec![1.0f32, 2.0], vec![3.0, 4.0], vec![5.0]];
+        assert_eq!(rows_differing(&want, &want.clone()), 0);
+        let mut got = want.clone();
+        got[0][1] = f32::from_bits(2.0f32.to_bits() + 1);
+        got[1].push(0.0);
+        assert_eq!(rows_differing(&want, &got), 2);
+        // -0.0 and 0.0 are equal as floats but not as bits.
+        assert_eq!(rows_differing(&[vec![0.0]], &[vec![-0.0]]), 1);
+        assert_eq!(rows_differing(&want, &want[..1]), 2);
+    }
 }
