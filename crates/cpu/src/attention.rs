@@ -17,7 +17,10 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
-fn check(
+/// The shapes every attention kernel checks first: queries and output of
+/// `n_tok` rows, a cache of at least `pos0 + n_tok` positions, whole query
+/// groups.
+pub(crate) fn check_shapes(
     s: &AttnShape,
     q: &[f32],
     k: &[f32],
@@ -70,7 +73,7 @@ pub fn causal_attention(
     scale: f32,
     out: &mut [f32],
 ) -> Result<(), CpuError> {
-    check(s, q, k_cache, v_cache, pos0, n_tok, out)?;
+    check_shapes(s, q, k_cache, v_cache, pos0, n_tok, out)?;
     let (hd, group, kv_stride) = (s.head_dim, s.n_head / s.n_kv_head, s.n_kv_head * s.head_dim);
     let avx2 = avx2_available();
     pool.install(|| {
@@ -283,7 +286,7 @@ pub fn causal_attention_reference(
     scale: f32,
     out: &mut [f32],
 ) -> Result<(), CpuError> {
-    check(s, q, k_cache, v_cache, pos0, n_tok, out)?;
+    check_shapes(s, q, k_cache, v_cache, pos0, n_tok, out)?;
     let (hd, group, kv_stride) = (s.head_dim, s.n_head / s.n_kv_head, s.n_kv_head * s.head_dim);
     for t in 0..n_tok {
         for h in 0..s.n_head {

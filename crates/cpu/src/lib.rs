@@ -7,6 +7,7 @@
 //! over a KV cache, a Gated DeltaNet scan) with plain slices.
 
 pub mod attention;
+pub mod attention_tiled;
 pub mod conv;
 pub mod deltanet;
 pub mod error;

@@ -14,6 +14,7 @@
 use crate::weights::Weight;
 use crate::ModelError;
 use redlite_cpu::attention::{causal_attention, causal_attention_reference, AttnShape};
+use redlite_cpu::attention_tiled::causal_attention_prefill;
 use redlite_cpu::deltanet::{gdn_chunked, gdn_recurrent, GdnInputs, GdnShape};
 use redlite_cpu::matmul::{matmul_batched, matmul_many_batched, matmul_reference, Batching};
 use redlite_cpu::matmul_ref::{matmul_reference_ggml, round_bf16, round_f16};
@@ -157,8 +158,14 @@ impl Exec<'_> {
         let mut out = vec![0f32; q.len()];
         if self.reference {
             causal_attention_reference(shape, q, k_cache, v_cache, pos0, n_tok, scale, &mut out)?;
-        } else {
+        } else if self.batching == Batching::AsDecode {
+            // A verify pass: every token's attention as its decode step
+            // computes it, bit for bit.
             causal_attention(
+                self.pool, shape, q, k_cache, v_cache, pos0, n_tok, scale, &mut out,
+            )?;
+        } else {
+            causal_attention_prefill(
                 self.pool, shape, q, k_cache, v_cache, pos0, n_tok, scale, &mut out,
             )?;
         }
