@@ -144,10 +144,15 @@ for len in "${LENGTHS[@]}"; do
       </dev/null >"$LOG_DIR/$tag.llama.out" 2>"$LOG_DIR/$tag.llama.err" || ll_ok=0
     t1=$(date +%s.%N)
     ll_ans=$(sed 's/ \[end of text\]$//' "$LOG_DIR/$tag.llama.out")
-    # ms -> s, from "llama_perf_context_print: prompt eval time = X ms / N tokens"
-    ll_pp=$(sed -n 's/.*llama_perf_context_print: *prompt eval time = *\([0-9.]*\) ms.*/\1/p' "$LOG_DIR/$tag.llama.err" \
-      | tail -1 | awk 'NF {printf "%.1f", $1 / 1000}')
-    sed -n "s/^ *\([0-9][0-9]*\) -> '.*/\1/p" "$LOG_DIR/$tag.llama.err" >"$LOG_DIR/$tag.llama.ids"
+    # ms -> s, from "common_perf_print: prompt eval time = X ms / N tokens"
+    # (lines may carry a "0.07.138.786 I " time stamp in front).
+    ll_pp=$(sed -n 's/.*_perf_print: *prompt eval time = *\([0-9.]*\) ms.*/\1/p' "$LOG_DIR/$tag.llama.err" \
+      | tail -1 | awk 'NF {printf "%.2f", $1 / 1000}')
+    # --verbose-prompt's "  151644 -> '<|im_start|>'" lines: the ids it ran.
+    sed -n "s/^\([0-9.]* [A-Z] \)\{0,1\} *\([0-9][0-9]*\) -> '.*/\2/p" "$LOG_DIR/$tag.llama.err" >"$LOG_DIR/$tag.llama.ids"
+    ll_n=$(sed -n 's/.*number of tokens in prompt = \([0-9]*\).*/\1/p' "$LOG_DIR/$tag.llama.err" | tail -1)
+    [[ ${ll_n:-x} == "$(wc -l <"$LOG_DIR/$tag.llama.ids")" ]] \
+      || log "[$i/$total] warning: llama.cpp says ${ll_n:-?} prompt tokens, $(wc -l <"$LOG_DIR/$tag.llama.ids") id lines read"
     if ((ll_ok)); then
       log "[$i/$total] llama.cpp: prefill ${ll_pp:-?} s (whole run $(secs "$t0" "$t1") s): $(cell "$ll_ans")"
     else
