@@ -6,8 +6,9 @@
 #                copy (or strip + gzip) target/release/redlite into .bench-bin/
 #                bench/gpu/prepare_llama_src.sh   (-> .llama-cuda-src)
 # The demo model (491 MB) must already be on that machine, at $MODEL
-# (default /dev/shm/redlite-bench/demo-model.gguf): it is larger than what
-# one device call carries, so it cannot travel with the working tree.
+# (default /dev/shm/redlite-bench/demo.gguf): it is larger than what one
+# device call carries; bench/README.md ("GPU") says how to ship it in
+# pieces to a warm machine and check its sha256.
 # Then:  run(command="bash bench/gpu/needle.sh 8192 16384 30000",
 #            carry=[".bench-bin", ".llama-cuda-src"])
 #
@@ -19,8 +20,8 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 LB="$WORK/llama-build/bin"
-MODEL="${MODEL:-$WORK/demo-model.gguf}"
-[[ -f $MODEL ]] || { echo "needle: no demo model at $MODEL (put it there, or set MODEL=...)" >&2; exit 2; }
+MODEL="${MODEL:-$WORK/demo.gguf}"
+[[ -f $MODEL ]] || { echo "needle: no demo model at $MODEL (ship it in pieces as bench/README.md says, or set MODEL=...)" >&2; exit 2; }
 if [[ ! -x $LB/llama-completion ]]; then
   [[ -f .llama-cuda-src/CMakeLists.txt ]] \
     || { echo "needle: no llama.cpp source (bench/gpu/prepare_llama_src.sh, carry .llama-cuda-src)" >&2; exit 2; }
