@@ -171,7 +171,7 @@ for len in "${LENGTHS[@]}"; do
     b=$(printf '%s' "$ll_ans" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//')
     if ((rl_ok && ll_ok)) && [[ $a == "$b" ]]; then same=yes; else same=NO; fail=1; fi
     rows+=("| $len | $dep% | $ntok | $npos | $ids | $(cell "$a") | $(cell "$b") | $same | $(found "$a" "$pass") / $(found "$b" "$pass") | ${rl_pp:-?} | ${ll_pp:-?} |")
-    log "[$i/$total] same answer: $same; ids: $ids"
+    log "[$i/$total] same answer: $same; ids: $ids; row: ${rows[-1]}"
   done
 done
 
