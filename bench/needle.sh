@@ -85,6 +85,7 @@ LOG_DIR="${LOG_DIR:-$(mktemp -d /tmp/needle.XXXXXX)}"
 mkdir -p "$LOG_DIR"
 
 commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+started=$(date -u '+%F %H:%M')
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1)
 gpu=""
 [[ $DEVICE == cuda ]] && gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
@@ -176,8 +177,8 @@ for len in "${LENGTHS[@]}"; do
 done
 
 echo
-echo "Needle in a haystack, $(basename "$MODEL"), $DEVICE${gpu:+ ($gpu)}, $THREADS threads; $(date -u '+%F %H:%M UTC'); commit $commit"
-echo "CPU: ${cpu:-unknown}; greedy, $N_GEN new tokens; llama.cpp: llama-completion ${LL_DEV[*]} ${LL_EXTRA[*]}; redlite: generate ${RL_DEV[*]} ${RL_EXTRA[*]}"
+echo "Needle in a haystack, $(basename "$MODEL"), $DEVICE${gpu:+ ($gpu)}, $THREADS threads; $started-$(date -u '+%H:%M') UTC; commit $commit"
+echo "CPU: ${cpu:-unknown}; greedy, $N_GEN new tokens; llama.cpp: llama-completion -no-cnv ${LL_DEV[*]} ${LL_EXTRA[*]}; redlite: generate --raw ${RL_DEV[*]} ${RL_EXTRA[*]}"
 echo
 echo "| length | depth | prompt tokens | needle at | prompt ids | redlite answer | llama.cpp answer | same? | passphrase found (redlite / llama.cpp) | redlite prefill s | llama.cpp prefill s |"
 echo "|---:|---:|---:|---:|---|---|---|---|---|---:|---:|"
