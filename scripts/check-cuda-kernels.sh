@@ -49,6 +49,15 @@ for p in "$out"/*.ptx; do
     exit 1
   }
 done
+echo "==> every kernel entry is in src/kernels.rs's list (the engine loads only those)"
+for p in "$out"/*.ptx; do
+  for k in $(sed -n 's/^\.visible \.entry \([A-Za-z0-9_]*\)(.*/\1/p' "$p"); do
+    grep -qxF "$k" "${p%.ptx}.kernels" || {
+      echo "ERROR: $(basename "$p" .ptx).cu defines kernel $k, which src/kernels.rs does not list" >&2
+      exit 1
+    }
+  done
+done
 echo "==> ptxas -arch=sm_90"
 for p in "$out"/*.ptx; do
   "$ptxas" -arch=sm_90 -v "$p" -o "${p%.ptx}.cubin" 2>&1 |

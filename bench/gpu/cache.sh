@@ -16,6 +16,8 @@
 #             (a budget is full, a size like 8G, or 8G-file / 8G-nopre)
 #   budgets   decode tok/s, hit rate and PCIe bytes per token at BUDGETS
 #             (device memory; "full" = no budget), alternating, ROUNDS times
+#   prefill   prompt tok/s and PCIe bytes per prompt token of the batched
+#             prefill at BUDGETS_PP (default full 8G; PP default 512,2048)
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 F=tests/fixtures/qwen3next
@@ -34,7 +36,7 @@ budget_args() {
   echo "$a"
 }
 fail=0
-for s in ${STEPS:-selftest parity synth same budgets}; do
+for s in ${STEPS:-selftest parity synth same budgets prefill}; do
   case $s in
     selftest) echo "== selftest"; timeout 300 "$R" selftest || fail=1 ;;
     parity) echo "== parity (+ cache sweep)"
@@ -65,6 +67,13 @@ for s in ${STEPS:-selftest parity synth same budgets}; do
           timeout 300 "$R" bench model -m "$M" --device cuda --depth-fill skip -p 0 -n "${N_GEN:-64}" -r "${REPS:-3}" \
             $(budget_args "$b") ${EXTRA:-} || fail=1
         done
+      done ;;
+    prefill)
+      for b in ${BUDGETS_PP:-full 8G}; do
+        echo "== prefill, synth $LAYOUT, budget $b"
+        timeout 400 "$R" bench model -m "$M" --device cuda -p "${PP:-512,2048}" -n 0 -r "${REPS:-2}" \
+          $(budget_args "$b") ${EXTRA:-} 2>"$WORK/pp.err" || fail=1
+        grep -E "memory plan|prompts in chunks|run [0-9]+/[0-9]+:" "$WORK/pp.err"
       done ;;
     *) echo "unknown step $s"; fail=1 ;;
   esac

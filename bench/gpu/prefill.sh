@@ -21,8 +21,12 @@
 #             PP_PROFILE, default 2048) and Red Lite's pp512/pp2048 alone
 #   attn      iq2 file: Red Lite alone, prompt tok/s at PP and pp512 at
 #             depth 32768
-#   budget    iq2 file under --memory 8G (Red Lite) against llama.cpp
-#             -ncmoe 35: pp512
+#   deep      iq2 file: decode tg64 at DEEP (default 65536,131072,262144)
+#             positions, each filled by the batched prefill; llama.cpp at
+#             LL_DEEP (default 65536,131072: its 262,144 fill takes minutes)
+#   budget    iq2 file under --memory 8G (Red Lite: tok/s and PCIe MiB a
+#             prompt token at PP_BUDGET, default 512,2048) against
+#             llama.cpp -ncmoe 35: pp512
 #   cf2q4km   cf2 and q4km synth files: pp2048, both engines
 #   ubatch    iq2 file: Red Lite pp2048 and pp8192 at --ubatch UBS
 #             (default 1024 2048 4096): the chunk size against its scratch
@@ -52,7 +56,7 @@ wait_build() {
 }
 rl_pp() { # file args... -> bench model rows
   local m=$1; shift
-  timeout 300 "$R" bench model -m "$m" --device cuda "$@" 2>"$WORK/rl.err" | grep "^| qwen"
+  timeout "${RL_TIMEOUT:-300}" "$R" bench model -m "$m" --device cuda "$@" 2>"$WORK/rl.err" | grep "^| qwen"
   grep -E "memory plan|prefill" "$WORK/rl.err" | head -3 | sed 's/^/    /'
 }
 ll_pp() { # file args...
@@ -106,10 +110,23 @@ for s in ${STEPS:-build selftest parity pp budget}; do
       echo "== Red Lite, iq2"
       rl_pp "$M" -p "${PP:-512,2048,8192}" -n 0 -r "${REPS:-2}"
       rl_pp "$M" -p 512 -n 0 -d 32768 --pp-at-depth -r "${REPS:-2}" ;;
+    deep)
+      M=$(synth_file iq2)
+      echo "== Red Lite, iq2: tg64 at depths ${DEEP:-65536,131072,262144} (each depth filled by the batched prefill first)"
+      RL_TIMEOUT=560 rl_pp "$M" -p 0 -n 64 -d "${DEEP:-65536,131072,262144}" -r "${REPS:-2}"
+      grep -E "fill" "$WORK/rl.err" | sed 's/^/    /'
+      if wait_build; then
+        echo "== llama.cpp tg64 at depths ${LL_DEEP:-65536,131072} (-ub 2048)"
+        timeout 560 "$LB/llama-bench" -m "$M" -ngl 99 -fa 1 -t "$NPROC" -p 0 -n 64 -d "${LL_DEEP:-65536,131072}" \
+          -ub 2048 -b 2048 -r "${REPS:-2}" 2>"$WORK/ll.err" | grep -E "^\| .*tg[0-9]"
+      fi ;;
     budget)
       M=$(synth_file iq2)
-      echo "== Red Lite --memory 8G (bounded expert cache: prompts token by token so far)"
-      rl_pp "$M" -p 512 -n 0 -r 2 --memory 8G
+      echo "== Red Lite --memory 8G (bounded expert cache: batched prefill, each chunk's experts not in the cache staged once per MoE layer)"
+      rl_pp "$M" -p "${PP_BUDGET:-512,2048}" -n 0 -r 2 --memory 8G
+      # per run: tok/s, and the experts read from slots / uploaded and the
+      # PCIe MiB per prompt token ("cache: ..."); the plan's prefill share
+      grep -E "run [0-9]+/[0-9]+:.*cache:|batched prefill:|prompts in chunks" "$WORK/rl.err" | sed 's/^/    /' 
       if wait_build; then
         echo "== llama.cpp -ncmoe 35"
         ll_pp "$M" -p 512 -n 0 -r 2 -ncmoe 35

@@ -217,9 +217,12 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         memory::weights_residency(&file),
     );
     crate::residency::check_in_memory(&model, &args.mem)?;
-    let mut engine = Engine::open(model, &args.dev.options(), &args.mem.request(ctx, 1))
+    let mtp = spec_opts.mode == SpecMode::Mtp;
+    let req = args.mem.request_with_draft(ctx, 1, mtp);
+    let draft_kv = crate::residency::draft_kv_line(&model, &req);
+    let mut engine = Engine::open(model, &args.dev.options(), &req)
         .with_context(|| format!("opening {} on {:?}", path.display(), args.dev.device))?;
-    eprintln!("redlite: {}", engine.plan_line());
+    eprintln!("redlite: {}{draft_kv}", engine.plan_line());
 
     let tokenizer = Tokenizer::from_gguf(file.metadata());
     let prompt: Vec<u32> = if let Some(ids) = &args.prompt_ids {

@@ -75,13 +75,22 @@ enum Command {
         /// KL gate (per step, CPU || GPU).
         #[arg(long, default_value_t = 1e-4)]
         kl_max: f64,
-        /// KL gate of the batched prefill with f32 activations (per
-        /// position, against the same device token by token and against
-        /// the CPU reference): its GEMMs round activations to f16
-        /// (docs/cuda.md, batched prefill; worst measured on the tiny
-        /// fixtures, 40-token prompts: 1.1e-6).
-        #[arg(long, default_value_t = 1e-4)]
+        /// Worst-position KL gate of the batched prefill with f32
+        /// activations (against the same device token by token and
+        /// against the CPU reference): its GEMMs round activations to f16,
+        /// and where a router's top-k has a near tie that rounding flips
+        /// an expert at one position (docs/cuda.md, batched prefill).
+        /// Measured on the tiny fixtures: 40-token prompts 1.1e-6;
+        /// 200-token prompts 2.0e-3 at one or two of 216 steps, median
+        /// 4.6e-7 (the seeds bound 1100 positions at 3.5e-3). Besides it,
+        /// at most 2% of the steps may exceed 1e-4 and 99% of the argmaxes
+        /// must agree.
+        #[arg(long, default_value_t = 5e-3)]
         prefill_kl_max: f64,
+        /// Only the batched prefill's table (long prompts: 4096 and 8192
+        /// positions, where the other tables would take long).
+        #[arg(long)]
+        prefill_only: bool,
         /// Plain launches instead of programmatic dependent launch (PDL, the default; docs/cuda.md).
         #[arg(long)]
         no_pdl: bool,
@@ -212,6 +221,7 @@ fn run(mut cli: Cli) -> Result<()> {
             n_greedy,
             kl_max,
             prefill_kl_max,
+            prefill_only,
             no_pdl,
             prompt,
         } => redlite_cli::cudabench::parity_cli(
@@ -221,6 +231,7 @@ fn run(mut cli: Cli) -> Result<()> {
             (kl_max, prefill_kl_max),
             !no_pdl,
             &prompt,
+            prefill_only,
         )?,
         #[cfg(feature = "cuda")]
         Command::Bench {

@@ -80,8 +80,36 @@ impl MemoryArgs {
                 io_threads: self.io_threads,
                 pregate: self.pregate.unwrap_or(usize::MAX),
             },
+            draft_kv_layers: 0,
         }
     }
+
+    /// [`MemoryArgs::request`], with the MTP head's KV counted per
+    /// session when `mtp` (it drafts at the same context).
+    pub fn request_with_draft(&self, ctx: usize, sessions: usize, mtp: bool) -> MemoryRequest {
+        MemoryRequest {
+            draft_kv_layers: mtp as usize,
+            ..self.request(ctx, sessions)
+        }
+    }
+}
+
+/// What the plan counted for a draft head's KV, as a clause for the
+/// start-up line ("" when none).
+pub fn draft_kv_line(model: &Model, req: &MemoryRequest) -> String {
+    if req.draft_kv_layers == 0 {
+        return String::new();
+    }
+    let bytes = model.draft_kv_bytes_per_position()
+        * req.draft_kv_layers as u64
+        * req.ctx as u64
+        * req.sessions.max(1) as u64;
+    format!(
+        " (state includes the MTP head's KV: {} for {} positions x {} sessions)",
+        memory::human(bytes),
+        req.ctx,
+        req.sessions.max(1)
+    )
 }
 
 /// One line of cache counters, per token where `tokens` > 0.

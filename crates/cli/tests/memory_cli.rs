@@ -77,3 +77,44 @@ fn refuses_before_loading_with_numbers() {
     let out = generate(&["--memory", "eight"]).unwrap();
     assert!(!out.status.success());
 }
+
+/// With `--spec mtp` the start-up line says the plan's state holds the MTP
+/// head's KV (one attention layer's rows for every position); without it,
+/// nothing is said.
+#[test]
+fn the_mtp_heads_kv_is_in_the_plan_line() {
+    let m = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/qwen3next-mtp/tiny-qwen3next-mtp-f32.gguf");
+    assert!(m.exists(), "{} is committed", m.display());
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_redlite"))
+            .args(["generate", "-m"])
+            .arg(&m)
+            .args([
+                "--prompt-ids",
+                "49,337,220,43,325",
+                "-n",
+                "4",
+                "--temp",
+                "0",
+                "-c",
+                "64",
+            ])
+            .args(extra)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .expect("running redlite generate")
+    };
+    let with = run(&["--spec", "mtp"]);
+    let err = String::from_utf8_lossy(&with.stderr);
+    assert!(with.status.success(), "{err}");
+    assert!(
+        err.contains("state includes the MTP head's KV")
+            && err.contains("64 positions x 1 sessions"),
+        "{err}"
+    );
+    let plain = run(&[]);
+    let err = String::from_utf8_lossy(&plain.stderr);
+    assert!(plain.status.success(), "{err}");
+    assert!(!err.contains("MTP head's KV"), "{err}");
+}

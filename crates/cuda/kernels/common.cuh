@@ -240,6 +240,29 @@ __device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* row) {
                  : "r"(a));
 }
 
+// ldmatrix .x4 .trans: the same four matrices, each transposed on the
+// way (lane l gets rows 2(l%4), +1 of column l/4: the B fragment of a
+// row-major k x n tile).
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const u16* row) {
+    const u32 a = (u32)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// 16-byte asynchronous copy global -> shared (sm_80+; both addresses
+// 16-byte aligned), its commit groups, and a wait until at most N groups
+// of this thread are still in flight.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 __device__ __forceinline__ void mma_16816(float* d, const u32* a, const u32* b) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "

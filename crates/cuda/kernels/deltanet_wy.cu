@@ -200,14 +200,6 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// 16-byte asynchronous copy global -> shared (sm_80+), and its groups.
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
-    const u32 d = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait2() { asm volatile("cp.async.wait_group 2;" ::: "memory"); }
-
 #define WY_COLS 32
 
 template <int RE>
@@ -268,7 +260,7 @@ __device__ __forceinline__ void gdn_wy_state_body(const GdnWyArgs& a) {
     for (int c = 0; c < a.n_sub; c++) {
         const bool more = c + 1 < a.n_sub;
         const float gc = expf(blk0[c * bsz + 3 * DK * C + (long long)C * dv + C * C + C - 1]);
-        cp_async_wait2();
+        cp_async_wait<2>();
         __syncthreads();
         // D = U - W S.
         {
@@ -295,7 +287,7 @@ __device__ __forceinline__ void gdn_wy_state_body(const GdnWyArgs& a) {
         __syncthreads();
         if (more) load_wu(c + 1);
         cp_async_commit();
-        cp_async_wait2();
+        cp_async_wait<2>();
         __syncthreads();
         // O = gamma Q S + P D.
         {
@@ -333,7 +325,7 @@ __device__ __forceinline__ void gdn_wy_state_body(const GdnWyArgs& a) {
         __syncthreads();
         if (more) load_qp(c + 1);
         cp_async_commit();
-        cp_async_wait2();
+        cp_async_wait<2>();
         __syncthreads();
         // S' = gamma_C S + K^T D (K already scaled by e^{G_C-G}).
         {

@@ -132,8 +132,9 @@ fn probes() -> Vec<Probe> {
             c_struct: "AttnChunkArgs",
             size: size_of::<AttnChunkArgs>(),
             fields: fields!(AttnChunkArgs; "q" = q, "kc" = kc, "vc" = vc, "gate" = gate,
-                "gate_ld" = gate_ld, "out" = out, "n_head" = n_head, "n_kv" = n_kv,
-                "pos0" = pos0, "tokens" = tokens, "scale" = scale, "pad" = pad),
+                "gate_ld" = gate_ld, "out" = out, "part" = part, "n_head" = n_head,
+                "n_kv" = n_kv, "pos0" = pos0, "tokens" = tokens, "scale" = scale,
+                "n_split" = n_split),
         },
         Probe {
             file: "gemv_q8act.cu",

@@ -179,6 +179,12 @@ impl HostExperts {
             .collect())
     }
 
+    /// Every expert's bytes (expert e at `e * stride`): what the batched
+    /// prefill copies into its staging image.
+    pub fn bytes(&self) -> Result<&[u8]> {
+        Ok(self.buf.as_slice()?)
+    }
+
     /// The first `n` experts' bytes (to preload slots 0..n).
     pub fn prefix(&self, n: usize) -> Result<&[u8]> {
         ensure!(n <= self.n, "prefix of {n} experts");
@@ -414,6 +420,19 @@ impl LayerCache {
         gpu.stream
             .memcpy_htod(&list, &mut self.miss.slice_mut(..list.len()))?;
         Ok(())
+    }
+
+    /// The device table of each expert's slot (`SLOT_NONE`: not resident),
+    /// as the plan kernel keeps it: the batched prefill's GEMMs read the
+    /// resident experts through it.
+    pub fn slot_table(&self) -> &CudaSlice<u32> {
+        &self.slot_of
+    }
+
+    /// [`Self::slot_table`] read back (waits for the stream).
+    pub fn read_slot_of(&self, gpu: &Gpu) -> Result<Vec<u32>> {
+        gpu.sync()?;
+        Ok(gpu.stream.clone_dtoh(&self.slot_of)?)
     }
 
     /// The pool's tables, for tests: (slot_of, expert_in, stamp).

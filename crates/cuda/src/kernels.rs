@@ -193,6 +193,9 @@ pub const FILES: &[KernelFile] = &[
             "attn_flash_kvf16_d64",
             "attn_flash_kvf16_d128",
             "attn_flash_kvf16_d256",
+            "attn_flash_merge_d64",
+            "attn_flash_merge_d128",
+            "attn_flash_merge_d256",
         ],
     },
     KernelFile {

@@ -57,6 +57,7 @@ pub mod kernels;
 pub mod layout;
 pub mod ops;
 pub mod parity;
+pub mod prefill_experts;
 pub mod reference;
 pub mod selftest;
 pub mod sequence;

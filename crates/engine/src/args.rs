@@ -59,9 +59,10 @@ pub struct DeviceArgs {
     #[arg(long, value_enum, default_value_t = ExpertSourceArg::Auto)]
     pub expert_source: ExpertSourceArg,
     /// With --device cuda: prompt tokens per batched-prefill chunk
-    /// (llama.cpp's -ub; default 2048, or the context if smaller; 0: token
-    /// by token). Full expert residency only; with a bounded cache prompts
-    /// run token by token.
+    /// (llama.cpp's -ub; default 4096 at full expert residency where its
+    /// scratch fits, else 2048, or the context if smaller; 0: token
+    /// by token). Under a bounded cache the plan halves it until the
+    /// staging images and scratch fit beside the slots.
     #[arg(long)]
     pub ubatch: Option<usize>,
     /// Backend tuning switches by name, filled by the front end from the

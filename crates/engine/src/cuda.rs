@@ -11,10 +11,6 @@ use redlite_model::sequence::Sequence;
 use redlite_model::{MemoryRequest, Model};
 use std::sync::Arc;
 
-/// Prompt tokens per batched-prefill chunk unless `--ubatch` says (the
-/// seeds' engine took 2048 under full residency).
-pub const DEFAULT_UBATCH: usize = 2048;
-
 fn err(e: impl std::fmt::Display) -> EngineError {
     EngineError::Backend {
         backend: "cuda",
@@ -31,7 +27,9 @@ pub(crate) struct CudaBackend {
     cache: Option<ExpertCacheOptions>,
     int8: bool,
     kv: ops::KvType,
-    ubatch: Option<usize>,
+    /// Prompt tokens a batched-prefill chunk asks for (the plan's choice
+    /// or `--ubatch`; under a bounded cache the decoder may halve it).
+    chunk: usize,
     described: String,
 }
 
@@ -54,7 +52,7 @@ impl CudaBackend {
             KvType::F16 => ops::KvType::F16,
             KvType::F32 => ops::KvType::F32,
         };
-        let (cache, line) = plan(&gpu, model, opts, mem, kv)?;
+        let (cache, line, chunk) = plan(&gpu, model, opts, mem, kv)?;
         let described = format!("cuda: {}", gpu.name);
         Ok((
             CudaBackend {
@@ -64,7 +62,7 @@ impl CudaBackend {
                 cache,
                 int8: opts.activations == Activations::Int8,
                 kv,
-                ubatch: opts.ubatch,
+                chunk,
                 described,
             },
             line,
@@ -94,16 +92,24 @@ impl CudaBackend {
                 kv_type: self.kv,
                 expert_cache: self.cache,
                 tuning: self.tuning.clone(),
-                prefill_chunk: self.ubatch.unwrap_or(DEFAULT_UBATCH).min(ctx),
+                prefill_chunk: self.chunk.min(ctx),
             },
         )
         .map_err(err)?;
         let d = seq.decoder();
+        let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
         let prefill = if d.batched_prefill() {
+            let staging = match d.prefill_staging_bytes() {
+                0 => String::new(),
+                b => format!(
+                    " + {:.0} MiB of staging images for the experts not in the cache",
+                    mib(b)
+                ),
+            };
             format!(
-                ", prompts in chunks of {} tokens ({:.0} MiB of prefill scratch)",
+                ", prompts in chunks of {} tokens ({:.0} MiB of prefill scratch{staging})",
                 d.prefill_chunk(),
-                d.prefill_scratch_bytes() as f64 / (1u64 << 20) as f64
+                mib(d.prefill_scratch_bytes())
             )
         } else {
             ", prompts token by token".to_string()
@@ -125,6 +131,34 @@ impl CudaBackend {
     }
 }
 
+/// The batched prefill's scratch per chunk token, estimated from the
+/// file's tensor shapes (`redlite_cuda::prefill_experts::scratch_per_token`
+/// says what it bounds): hidden size, experts a token and their rows, and
+/// the most rows of one layer's 2-D weights together.
+fn prefill_bytes_per_token(model: &Model) -> u64 {
+    let tensors = model.file().tensors();
+    let d = tensors
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .and_then(|t| t.dims.first().copied())
+        .unwrap_or(0);
+    let mut ff = 0u64;
+    let mut layer_rows = std::collections::BTreeMap::<&str, u64>::new();
+    for t in tensors {
+        let Some(rest) = t.name.strip_prefix("blk.") else {
+            continue;
+        };
+        let layer = rest.split('.').next().unwrap_or("");
+        match t.dims.as_slice() {
+            [_, rows] => *layer_rows.entry(layer).or_default() += rows,
+            [_, rows, _] if t.name.contains("gate") || t.name.contains("up") => ff = ff.max(*rows),
+            _ => {}
+        }
+    }
+    let rows = layer_rows.values().copied().max().unwrap_or(0);
+    redlite_cuda::prefill_experts::scratch_per_token(d, model.n_expert_used() as u64, ff, rows)
+}
+
 /// The device memory plan: dense weights (everything but routed experts
 /// and the token embedding, which stays on the host), the KV cache and
 /// DeltaNet state of `mem.sessions` sequences of `mem.ctx` positions (the
@@ -140,7 +174,7 @@ fn plan(
     opts: &BackendOptions,
     mem: &MemoryRequest,
     kv: ops::KvType,
-) -> Result<(Option<ExpertCacheOptions>, String), EngineError> {
+) -> Result<(Option<ExpertCacheOptions>, String, usize), EngineError> {
     let (free, total) = gpu.mem_info().map_err(err)?;
     let layout = model.expert_layout()?;
     let (dense, experts) = model.weight_split()?;
@@ -180,6 +214,11 @@ fn plan(
             ExpertSource::File => device_plan::ExpertSource::File,
         },
         pregate: mem.cache.pregate > 0,
+        prefill_chunk: opts
+            .ubatch
+            .map_or(device_plan::BOUNDED_UBATCH, |u| u as u64)
+            .min(mem.ctx as u64),
+        prefill_bytes_per_token: prefill_bytes_per_token(model),
     };
     let (cache, mut line) = plan_device(&input).map_err(err)?;
     if sessions > 1 {
@@ -188,5 +227,11 @@ fn plan(
             sessions - 1
         ));
     }
-    Ok((cache, line))
+    // At full residency a larger chunk where its scratch still fits;
+    // under a cache the plan's share was sized from `prefill_chunk`.
+    let chunk = match cache {
+        None => device_plan::resident_chunk(&input, opts.ubatch.map(|u| u as u64)),
+        Some(_) => input.prefill_chunk,
+    };
+    Ok((cache, line, chunk as usize))
 }

@@ -63,6 +63,11 @@ pub struct Parity {
     pub steps: usize,
     pub worst: LogitCmp,
     pub argmax_agree: usize,
+    /// The step (0-based, prompt positions then greedy steps) of the
+    /// worst KL: where a divergence starts.
+    pub worst_kl_step: usize,
+    /// Every compared step's KL, in step order.
+    pub kls: Vec<f64>,
     /// (MoE layer, step) pairs whose chosen experts differ, of `router_checks`.
     pub router_mismatches: usize,
     pub router_checks: usize,
@@ -80,6 +85,18 @@ impl Parity {
             },
             ..Default::default()
         }
+    }
+
+    /// The median of the steps' KLs (0 when none was compared).
+    pub fn median_kl(&self) -> f64 {
+        let mut v = self.kls.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// Steps whose KL is above `kl`.
+    pub fn steps_over(&self, kl: f64) -> usize {
+        self.kls.iter().filter(|&&k| k > kl).count()
     }
 
     pub fn greedy_equal(&self) -> bool {
@@ -126,7 +143,11 @@ pub fn compare(
 
 fn fold(p: &mut Parity, c: LogitCmp, routes: (usize, usize)) {
     p.worst.max_abs = p.worst.max_abs.max(c.max_abs);
+    if c.kl > p.worst.kl {
+        p.worst_kl_step = p.steps;
+    }
     p.worst.kl = p.worst.kl.max(c.kl);
+    p.kls.push(c.kl);
     p.worst.argmax_equal &= c.argmax_equal;
     p.argmax_agree += c.argmax_equal as usize;
     p.steps += 1;

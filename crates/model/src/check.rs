@@ -39,6 +39,6 @@ pub fn check_model_bytes(bytes: &[u8]) -> Result<(), ModelError> {
         }
     }
     let _ = arch.expert_layout()?;
-    let _ = crate::model::session_state_bytes(&arch, trained, 1)?;
+    let _ = crate::model::session_state_bytes(&arch, trained, 1, 0)?;
     Ok(())
 }

@@ -82,6 +82,10 @@ pub struct MemoryRequest {
     /// Cache settings (`slots` is ignored: the plan sets it); `pregate`
     /// `usize::MAX` means "the model's experts per token".
     pub cache: ExpertCacheOptions,
+    /// Attention layers of a draft head whose KV each session keeps
+    /// beside the model's own, at the same context (1 when the MTP head
+    /// drafts: `--spec mtp`, or a server that keeps it in step).
+    pub draft_kv_layers: usize,
 }
 
 /// A model ready to run.
@@ -239,7 +243,13 @@ impl Model {
     /// The state of `sessions` sessions of `ctx` positions, in bytes; an
     /// error naming the context size when that does not fit 64 bits.
     pub fn session_state_bytes(&self, ctx: usize, sessions: usize) -> Result<u64, ModelError> {
-        session_state_bytes(&self.arch, ctx, sessions)
+        session_state_bytes(&self.arch, ctx, sessions, 0)
+    }
+
+    /// The KV bytes a position of one draft attention layer holds (f32
+    /// K and V rows of the model's attention shape: the MTP head's).
+    pub fn draft_kv_bytes_per_position(&self) -> u64 {
+        draft_kv_per_position(&self.arch)
     }
 
     /// Touch every page of the mapped weights so the first token is not
@@ -373,13 +383,29 @@ pub(crate) fn state_bytes(arch: &Arch) -> (u64, u64) {
     (per_position, fixed)
 }
 
-/// See [`Model::session_state_bytes`].
+fn draft_kv_per_position(arch: &Arch) -> u64 {
+    let (n_kv, head_dim) = arch.kv_dims();
+    (n_kv * head_dim * 2 * 4) as u64
+}
+
+/// See [`Model::session_state_bytes`]; `draft_kv_layers` as in
+/// [`MemoryRequest`].
 pub(crate) fn session_state_bytes(
     arch: &Arch,
     ctx: usize,
     sessions: usize,
+    draft_kv_layers: usize,
 ) -> Result<u64, ModelError> {
     let (per_position, fixed) = state_bytes(arch);
+    // draft_kv_layers is 0 or 1 from the front ends; the product is
+    // checked anyway, as every factor here.
+    let per_position = (draft_kv_layers as u64)
+        .checked_mul(draft_kv_per_position(arch))
+        .and_then(|d| d.checked_add(per_position))
+        .ok_or(ModelError::Plan(PlanError::StateOverflow {
+            ctx: ctx as u64,
+            sessions: sessions.max(1) as u64,
+        }))?;
     (ctx as u64)
         .checked_mul(per_position)
         .and_then(|b| b.checked_add(fixed))
@@ -404,7 +430,7 @@ pub(crate) fn plan_for(
         n_experts: layout.n_experts(),
         slot_bytes: layout.slot_bytes(),
         n_used: arch.n_expert_used() as u64,
-        state_bytes: session_state_bytes(arch, req.ctx, req.sessions)?,
+        state_bytes: session_state_bytes(arch, req.ctx, req.sessions, req.draft_kv_layers)?,
         ctx: req.ctx as u64,
         available: req.available,
         memory: req.memory,

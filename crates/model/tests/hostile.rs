@@ -249,3 +249,22 @@ fn a_context_whose_state_overflows_is_refused_naming_it() {
         .unwrap();
     assert!(p.input.state_bytes >= 1 << 40);
 }
+
+#[test]
+fn a_draft_heads_kv_is_counted_per_session_and_position() {
+    let t = Tiny::small();
+    let mut m = q3n_with(|_| {}).unwrap();
+    // One attention layer's K and V rows at a position, f32: the file's
+    // head_count_kv x key_length, twice, 4 bytes each.
+    let per_position = (2 * t.n_kv * t.hd * 4) as u64;
+    assert_eq!(m.draft_kv_bytes_per_position(), per_position);
+    let req = |draft_kv_layers| MemoryRequest {
+        ctx: 1000,
+        sessions: 3,
+        draft_kv_layers,
+        ..MemoryRequest::default()
+    };
+    let plain = m.plan_memory(&req(0)).unwrap().input.state_bytes;
+    let with_mtp = m.plan_memory(&req(1)).unwrap().input.state_bytes;
+    assert_eq!(with_mtp - plain, 3 * 1000 * per_position);
+}

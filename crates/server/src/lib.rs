@@ -205,6 +205,10 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             pregate: usize::MAX,
             ..Default::default()
         },
+        // The server keeps an MTP head in step whenever the file has one
+        // (any request may ask for `mtp` drafts), and its checkpoints hold
+        // the head's KV rows too.
+        draft_kv_layers: model.mtp().is_some() as usize,
     };
     if args.ctx_size == 0 {
         // The host plan decides (on a GPU the device plan may refuse it
@@ -217,8 +221,14 @@ pub fn load(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     }
     let ctx = mem.ctx;
     redlite_engine::warn_context(ctx, model.arch().context_length());
+    let draft_kv = model.draft_kv_bytes_per_position() * mem.draft_kv_layers as u64;
     let mut engine = redlite_engine::Engine::open(model, &args.dev.options(), &mem)?;
     tracing::info!("{}", engine.plan_line());
+    if draft_kv > 0 {
+        tracing::info!(
+            "the plan's state includes the MTP head's KV: {draft_kv} bytes a position, {ctx} positions x {sessions} sessions"
+        );
+    }
     if !args.no_warmup && engine.reads_host_weights() {
         engine.model().touch_weights(|_, _| {});
     }

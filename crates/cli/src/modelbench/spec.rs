@@ -251,9 +251,12 @@ pub fn run(args: &super::ModelBenchArgs, model: Model) -> Result<()> {
     let kmax = args.verify_k.iter().copied().max().unwrap_or(0);
     let ctx = (prompt.len() + n + opts.draft_max + 2).max(depth + kmax + 2);
     crate::residency::check_in_memory(&model, &args.mem)?;
-    let mut engine =
-        redlite_engine::Engine::open(model, &args.dev.options(), &args.mem.request(ctx, 2))?;
-    eprintln!("redlite bench: {}", engine.plan_line());
+    let req = args
+        .mem
+        .request_with_draft(ctx, 2, opts.mode == redlite_spec::SpecMode::Mtp);
+    let draft_kv = crate::residency::draft_kv_line(&model, &req);
+    let mut engine = redlite_engine::Engine::open(model, &args.dev.options(), &req)?;
+    eprintln!("redlite bench: {}{draft_kv}", engine.plan_line());
     let model = engine.model().clone();
     let mut seq = engine.open_sequence(ctx)?;
     eprintln!("redlite bench: {}", engine.describe());

@@ -31,12 +31,14 @@
 
 mod attn;
 mod capture;
+mod chunk_bufs;
 mod ffn;
 mod files;
 mod fusion;
 mod gdn;
 mod moe;
 mod prefill;
+mod prefill_moe;
 mod proj;
 mod stages;
 
@@ -124,6 +126,11 @@ pub struct ExpertCacheOptions {
     /// cut after each MoE layer's plan so the host can serve the misses;
     /// no pre-gating.
     pub from_file: bool,
+    /// Device bytes the memory plan set aside for the batched prefill
+    /// under this cache (its staging images and chunk scratch: the chunk
+    /// is fitted to it); `u64::MAX`: no plan, the requested chunk; too
+    /// little for the staging: prompts run token by token.
+    pub prefill_bytes: u64,
 }
 
 impl ExpertCacheOptions {
@@ -134,6 +141,7 @@ impl ExpertCacheOptions {
             fetch_blocks: 0,
             prefetch_blocks: 16,
             from_file: false,
+            prefill_bytes: u64::MAX,
         }
     }
 }
@@ -176,6 +184,8 @@ pub struct CudaDecoder {
     pub device_bytes: usize,
     /// Scratch of the batched prefill (allocated by the first prompt).
     chunk: Option<prefill::ChunkBufs>,
+    /// The batched prefill's staging images under a bounded cache.
+    prefill_staging: Option<prefill_moe::Staging>,
 }
 
 impl CudaDecoder {
@@ -245,6 +255,7 @@ impl CudaDecoder {
             prefill_chunk: opts.prefill_chunk,
             device_bytes: free0.saturating_sub(free1),
             chunk: None,
+            prefill_staging: None,
         };
         dec.capture()?;
         dec.alloc_prefill_scratch()?;
@@ -394,7 +405,11 @@ impl CudaDecoder {
             .collect()
     }
 
-    /// Total expert cache counters and the bytes copied over PCIe.
+    /// Total expert cache counters and the bytes copied over PCIe: the
+    /// decode's (graph steps) plus the batched prefill's, whose distinct
+    /// experts per (chunk, MoE layer) count as hits when read from a slot
+    /// and as misses when uploaded into the staging image (those uploaded
+    /// ahead as prefetches too).
     pub fn cache_totals(&self) -> Result<Option<(CacheCounters, u64)>> {
         let Some(per) = self.cache_counters()? else {
             return Ok(None);
@@ -405,7 +420,14 @@ impl CudaDecoder {
             t.add(c);
             bytes += c.fetched() * b as u64;
         }
-        Ok(Some((t, bytes)))
+        let p = self.prefill_uploads();
+        t.add(&CacheCounters {
+            hits: p.resident,
+            misses: p.uploaded - p.ahead,
+            prefetched: p.ahead,
+            prefetch_used: p.ahead_used,
+        });
+        Ok(Some((t, bytes + p.bytes)))
     }
 
     /// Run `token` at the current position; returns the logits.

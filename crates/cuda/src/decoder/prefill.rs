@@ -11,140 +11,28 @@
 //! (`in_norm`: the post-mixer residual add and RMSNorm) runs before it and
 //! its next norm after its combine, each as one RMSNorm over the chunk.
 //!
-//! Only at full expert residency (every expert in its own slot); with a
-//! bounded cache the sequence falls back to token-by-token steps.
+//! At full expert residency every expert has its own slot; with a bounded
+//! cache (pinned host copies) the experts a chunk routes to are read from
+//! the cache's slots where resident and from a staging image the chunk
+//! uploads once otherwise (`prefill_moe`, `crate::prefill_experts`). With
+//! misses read from the file the sequence runs prompts token by token.
 
+pub(super) use super::chunk_bufs::ChunkBufs;
 use super::ffn::FfnOp;
+use super::prefill_moe::Staging;
 use super::proj::Proj;
 use super::stages::{head_int8, Op};
 use super::CudaDecoder;
 use crate::device::Gpu;
 use crate::error::{ensure, Context, Result};
-use crate::gemv::{route_tiles, GemmIn, GemmOut, GEMM_TILE};
+use crate::gemv::{route_tiles, GemmIn, GemmOut};
 use crate::ops::{self, GdnChunkScratch, GdnForm, GdnWeights, Rows, SharedRows};
+use crate::prefill_experts::{distinct, fit_chunk, upload_all_ahead};
+use crate::sequence::MIN_BATCHED_PREFILL;
 use cudarc::driver::CudaSlice;
 use redlite_gguf::GgmlType;
 use redlite_model::blocks::deltanet::L2_EPS;
 use redlite_model::Model;
-
-/// Device buffers of a chunk of up to `cap` tokens, sized from the ops.
-pub(super) struct ChunkBufs {
-    cap: usize,
-    x: CudaSlice<f32>,
-    h: CudaSlice<f32>,
-    mix: CudaSlice<f32>,
-    /// Every projection's outputs (group after group, rows of the group's
-    /// width), reused layer after layer.
-    proj: CudaSlice<f32>,
-    q: CudaSlice<f32>,
-    o: CudaSlice<f32>,
-    conv: CudaSlice<f32>,
-    raw: CudaSlice<f32>,
-    ffn_g: CudaSlice<f32>,
-    ffn_u: CudaSlice<f32>,
-    ffn_out: CudaSlice<f32>,
-    slots: CudaSlice<u32>,
-    experts: CudaSlice<u32>,
-    weights: CudaSlice<f32>,
-    pair_g: CudaSlice<f32>,
-    pair_u: CudaSlice<f32>,
-    /// The routed experts' down outputs; in a DeltaNet layer, the WY
-    /// form's blocks.
-    pair_d: CudaSlice<f32>,
-    gather: CudaSlice<i32>,
-    pair_of: CudaSlice<i32>,
-    tiles: CudaSlice<i32>,
-    /// The normed rows as f16 (the projections' and experts' input), and
-    /// a second input's (attention or DeltaNet output, SwiGLU output).
-    xh_in: CudaSlice<u16>,
-    xh_tmp: CudaSlice<u16>,
-    /// Device bytes of all of the above.
-    pub(super) bytes: usize,
-}
-
-fn proj_rows(p: &Proj) -> usize {
-    p.groups.iter().map(|(m, _)| m.rows).sum()
-}
-
-impl ChunkBufs {
-    fn new(gpu: &Gpu, ops: &[Op], d: usize, cap: usize) -> Result<Self> {
-        let (mut proj, mut qo, mut conv, mut raw, mut ff, mut wy) = (0, 0, 0, 0, 0, 0);
-        let (mut pairs, mut pff, mut tiles, mut kmax) = (0, 0, 0, 1);
-        let ffn = |f: &FfnOp, ff: &mut usize| *ff = (*ff).max(f.gate.rows).max(f.up.rows);
-        for op in ops {
-            match op {
-                Op::Attn(a) => {
-                    proj = proj.max(proj_rows(&a.qkv));
-                    qo = qo.max(a.dims.n_head * a.dims.hd);
-                }
-                Op::Gdn(g) => {
-                    proj = proj.max(proj_rows(&g.inp));
-                    conv = conv.max(g.dims.conv_dim());
-                    raw = raw.max(g.dims.n_v * g.dims.dv);
-                    wy = wy.max(ops::wy_scratch_floats(&g.dims, cap));
-                }
-                Op::Moe(m) => {
-                    proj = proj.max(proj_rows(&m.router));
-                    let x = &m.x;
-                    kmax = kmax.max(x.k);
-                    pairs = pairs.max(x.k);
-                    pff = pff.max(x.gate.rows).max(x.up.rows);
-                    tiles = tiles.max(x.n_expert);
-                    if let Some(s) = &m.shared {
-                        ffn(s, &mut ff);
-                    }
-                }
-                Op::Dense(f) => ffn(f, &mut ff),
-                Op::Norm { .. } | Op::Head { .. } => {}
-            }
-        }
-        let np = cap * pairs;
-        // The experts' down outputs and the DeltaNet WY blocks share one
-        // buffer (a layer uses one or the other).
-        let pair_d_len = (np * d).max(wy);
-        let n_tiles = np.div_ceil(GEMM_TILE) + tiles;
-        let tmp_halves = (cap * qo.max(raw).max(ff)).max(np * pff);
-        let s = &gpu.stream;
-        let f = |n: usize| s.alloc_zeros::<f32>(n.max(1));
-        let b = Self {
-            cap,
-            x: f(cap * d)?,
-            h: f(cap * d)?,
-            mix: f(cap * d)?,
-            proj: f(cap * proj)?,
-            q: f(cap * qo)?,
-            o: f(cap * qo.max(raw))?,
-            conv: f(cap * conv)?,
-            raw: f(cap * raw)?,
-            ffn_g: f(cap * ff)?,
-            ffn_u: f(cap * ff)?,
-            ffn_out: f(cap * d)?,
-            slots: s.alloc_zeros(cap * kmax)?,
-            experts: s.alloc_zeros(cap * kmax)?,
-            weights: f(cap * kmax)?,
-            pair_g: f(np * pff)?,
-            pair_u: f(np * pff)?,
-            pair_d: f(pair_d_len)?,
-            gather: s.alloc_zeros(np.max(1))?,
-            pair_of: s.alloc_zeros(np.max(1))?,
-            tiles: s.alloc_zeros(3 * n_tiles.max(1))?,
-            xh_in: s.alloc_zeros((cap * d).max(1))?,
-            xh_tmp: s.alloc_zeros(tmp_halves.max(1))?,
-            bytes: 0,
-        };
-        let floats = 4 * cap * d
-            + cap * (proj + 2 * qo.max(raw) + conv + raw + 2 * ff)
-            + cap * kmax
-            + np * 2 * pff
-            + pair_d_len;
-        let words = 2 * cap * kmax + 2 * np + 3 * n_tiles;
-        let halves = cap * d + tmp_halves;
-        Ok(Self {
-            bytes: 4 * (floats + words) + 2 * halves,
-            ..b
-        })
-    }
-}
 
 /// Host-timed laps of a profiled prefill: the stream is drained after each
 /// step and its wall time added to the step's class.
@@ -291,21 +179,56 @@ fn run_ffn(gpu: &Gpu, f: &FfnOp, h: GemmIn, n: usize, cb: &FfnBufs) -> Result<()
 
 impl CudaDecoder {
     /// Whether prompts run in chunks on this decoder: a chunk size was
-    /// given and every expert is resident.
+    /// given, and every expert is resident or a bounded cache's experts
+    /// are pinned and the staging images are allocated (not with misses
+    /// read from the file).
     pub fn batched_prefill(&self) -> bool {
         self.prefill_chunk > 0
             && self.ops.iter().all(|op| match op {
-                Op::Moe(m) => m.x.cache.is_none() && m.file.is_none(),
+                Op::Moe(m) => {
+                    m.file.is_none() && (m.x.cache.is_none() || self.prefill_staging.is_some())
+                }
                 _ => true,
             })
     }
 
     /// The chunk scratch for `DecoderOptions::prefill_chunk` tokens, at
     /// build time, so a device that cannot hold it fails before the first
-    /// prompt rather than in it.
+    /// prompt rather than in it. Under a bounded cache, first the staging
+    /// images, then the largest chunk (halving from the requested one)
+    /// whose scratch fits what the memory plan set aside beside them
+    /// (`ExpertCacheOptions::prefill_bytes`; `fit_chunk` says why the
+    /// largest); none fitting: prompts run token by token.
     pub(super) fn alloc_prefill_scratch(&mut self) -> Result<()> {
+        let d = self.row.len();
+        let cached = self.ops.iter().any(|op| match op {
+            Op::Moe(m) => m.x.cache.is_some(),
+            _ => false,
+        });
+        let pinned = self.ops.iter().all(|op| match op {
+            Op::Moe(m) => m.file.is_none(),
+            _ => true,
+        });
+        if cached && pinned && self.prefill_chunk > 0 {
+            let allowance = self.cache.map_or(u64::MAX, |c| c.prefill_bytes);
+            let staging = super::prefill_moe::staging_bytes(&self.ops) as u64;
+            let ops = &self.ops;
+            let left = allowance.saturating_sub(staging);
+            let fits = allowance >= staging;
+            self.prefill_chunk = fits
+                .then(|| {
+                    fit_chunk(self.prefill_chunk, MIN_BATCHED_PREFILL, left, |c| {
+                        ChunkBufs::bytes_for(ops, d, c) as u64
+                    })
+                })
+                .flatten()
+                .unwrap_or(0);
+            if self.prefill_chunk > 0 {
+                self.prefill_staging = Staging::new(&self.gpu, &self.ops)
+                    .context("allocating the prefill staging images")?;
+            }
+        }
         if self.batched_prefill() {
-            let d = self.row.len();
             let cb = ChunkBufs::new(&self.gpu, &self.ops, d, self.prefill_chunk)
                 .context("allocating the prefill scratch (--ubatch)")?;
             self.chunk = Some(cb);
@@ -323,6 +246,38 @@ impl CudaDecoder {
         self.chunk.as_ref().map_or(0, |c| c.bytes)
     }
 
+    /// Device bytes of the staging images of a bounded cache's batched
+    /// prefill (0 without).
+    pub fn prefill_staging_bytes(&self) -> usize {
+        self.prefill_staging.as_ref().map_or(0, |s| s.bytes)
+    }
+
+    /// What batched prefills uploaded under a bounded cache so far.
+    pub fn prefill_uploads(&self) -> crate::prefill_experts::PrefillUploads {
+        self.prefill_staging
+            .as_ref()
+            .map(|s| s.uploads)
+            .unwrap_or_default()
+    }
+
+    /// Before a prefill's first chunk: the staging images learn where the
+    /// experts sit in the cache's slots now.
+    fn begin_prefill(&mut self) -> Result<()> {
+        if let Some(st) = self.prefill_staging.as_mut() {
+            st.begin(&self.gpu, &self.ops)?;
+        }
+        Ok(())
+    }
+
+    /// After a prefill's last chunk: the copy stream is done too.
+    fn end_prefill(&self) -> Result<()> {
+        self.gpu.sync()?;
+        if let Some(st) = &self.prefill_staging {
+            st.sync()?;
+        }
+        Ok(())
+    }
+
     /// Run `tokens` from the current position in chunks of
     /// `DecoderOptions::prefill_chunk` tokens; returns the last token's
     /// logits, or with `all` every token's (row after row).
@@ -338,10 +293,19 @@ impl CudaDecoder {
             self.ctx
         );
         let mut out = Vec::new();
+        self.begin_prefill()?;
+        // On an error the copy stream is still drained before returning:
+        // its copies read pinned memory the decoder may free next.
+        let mut res = Ok(());
         for part in tokens.chunks(chunk) {
-            self.run_chunk(model, part, chunk, all.then_some(&mut out), &mut None)?;
+            res = self.run_chunk(model, part, chunk, all.then_some(&mut out), &mut None);
+            if res.is_err() {
+                break;
+            }
         }
-        self.gpu.sync()?;
+        let end = self.end_prefill();
+        res?;
+        end?;
         if !all {
             out = self.gpu.stream.clone_dtoh(&self.bufs.logits)?;
         }
@@ -365,10 +329,17 @@ impl CudaDecoder {
         let n = tokens.len() as f64;
         let mut laps = Some(Laps::new());
         let t0 = std::time::Instant::now();
+        self.begin_prefill()?;
+        let mut res = Ok(());
         for part in tokens.chunks(chunk) {
-            self.run_chunk(model, part, chunk, None, &mut laps)?;
+            res = self.run_chunk(model, part, chunk, None, &mut laps);
+            if res.is_err() {
+                break;
+            }
         }
-        self.gpu.sync()?;
+        let end = self.end_prefill();
+        res?;
+        end?;
         let total_us = t0.elapsed().as_secs_f64() * 1e6 / n;
         self.set_pos(pos0)?;
         let t1 = std::time::Instant::now();
@@ -397,7 +368,7 @@ impl CudaDecoder {
     ) -> Result<()> {
         ensure!(
             self.batched_prefill(),
-            "batched prefill needs every expert resident"
+            "batched prefill needs every expert resident or pinned (and a chunk size)"
         );
         let n = tokens.len();
         let d = self.row.len();
@@ -441,10 +412,28 @@ impl CudaDecoder {
             gather,
             pair_of,
             tiles,
+            tiles_staged,
+            pre_slots,
+            pre_experts,
+            pre_weights,
             xh_in,
             xh_tmp,
             ..
         } = cb;
+        // Under a bounded cache the first cached MoE layer has no layer
+        // before it to pre-gate it: where the chunk is long enough to touch
+        // nearly all of its experts, its non-resident ones go up now, beside
+        // the embedding upload and the first mixer.
+        let mut staging = self.prefill_staging.as_mut();
+        let first = self.ops.iter().find_map(|op| match op {
+            Op::Moe(m) if m.x.cache.is_some() => Some(m.x.clone()),
+            _ => None,
+        });
+        if let (Some(st), Some(x)) = (staging.as_deref_mut(), first) {
+            if upload_all_ahead(n, x.k, x.n_expert) {
+                st.upload(&x, &vec![true; x.n_expert], true)?;
+            }
+        }
         let (xh_in, xh_tmp) = (&*xh_in, &*xh_tmp);
         let (cx, ch, cmix, proj) = (&*cx, &*ch, &*cmix, &*proj);
         let ffn_bufs = FfnBufs {
@@ -501,8 +490,19 @@ impl CudaDecoder {
                     // Tensor cores where a block's 64 query rows fill up
                     // (pp2048 on the iq2 file: 4,949 tok/s against 4,552
                     // with the warp kernel; pp512 at depth 32K 2.2x).
-                    let flash = n * (a.dims.n_head / a.dims.n_kv) >= ops::FLASH_ROWS;
-                    ops::attn_chunk(gpu, &a.dims, q, &a.kv, gate, o, pos0, n, a.scale, flash)?;
+                    let kernel = if n * (a.dims.n_head / a.dims.n_kv) >= ops::FLASH_ROWS {
+                        // Partials of a split in the routed experts' pair
+                        // buffer, free until this layer's MoE.
+                        let part = &*pair_g;
+                        let split = ops::flash_splits(&a.dims, pos0, n, gpu.sms, part.len());
+                        ops::AttnKernel::Flash {
+                            split,
+                            part: Some(part),
+                        }
+                    } else {
+                        ops::AttnKernel::Warp
+                    };
+                    ops::attn_chunk(gpu, &a.dims, q, &a.kv, gate, o, pos0, n, a.scale, kernel)?;
                     lap!("attention: prep + causal attention", 2);
                     a.wo.gemm(
                         gpu,
@@ -581,19 +581,59 @@ impl CudaDecoder {
                         &*cexperts,
                         &*weights,
                     )?;
+                    // Pre-gating under a bounded cache: the next MoE layer's
+                    // top-k on this layer's input, its predicted experts.
+                    let pre = match (&m.prefetch, staging.is_some()) {
+                        (Some(p), true) if p.next.cache.is_some() => {
+                            let nx = &p.next;
+                            ops::router_topk_chunk(
+                                gpu,
+                                po.part(&m.router, proj, p.part),
+                                nx.n_expert,
+                                nx.k,
+                                nx.norm_topk,
+                                n,
+                                &*pre_slots,
+                                &*pre_experts,
+                                &*pre_weights,
+                            )?;
+                            Some((nx.clone(), n * nx.k))
+                        }
+                        _ => None,
+                    };
                     lap!("MoE: router GEMM (f32) + top-k", 1 + m.router.groups.len());
                     gpu.sync()?;
                     let experts = gpu.stream.clone_dtoh(&cexperts.slice(0..n * x.k))?;
+                    let predicted = match &pre {
+                        Some((_, len)) => Some(gpu.stream.clone_dtoh(&pre_experts.slice(0..*len))?),
+                        None => None,
+                    };
                     let rt = route_tiles(&experts, x.k, x.n_expert)?;
                     let np = n * x.k;
-                    let n_tiles = rt.tiles.len() / 3;
-                    gpu.stream
-                        .memcpy_htod(&rt.tiles, &mut tiles.slice_mut(0..rt.tiles.len()))?;
                     gpu.stream
                         .memcpy_htod(&rt.gather, &mut gather.slice_mut(0..np))?;
                     gpu.stream
                         .memcpy_htod(&rt.pair_of, &mut pair_of.slice_mut(0..np))?;
-                    lap!("MoE: routes to the host, tiles back", 0);
+                    let bounded = x.cache.is_some();
+                    let split = match staging.as_deref_mut() {
+                        Some(st) if bounded => {
+                            let want = distinct(&experts, x.n_expert)?;
+                            Some(st.prepare(
+                                gpu,
+                                x,
+                                &want,
+                                &rt.tiles,
+                                [&mut *tiles, &mut *tiles_staged],
+                            )?)
+                        }
+                        _ => {
+                            ensure!(!bounded, "a bounded cache's prefill without staging");
+                            gpu.stream
+                                .memcpy_htod(&rt.tiles, &mut tiles.slice_mut(0..rt.tiles.len()))?;
+                            None
+                        }
+                    };
+                    lap!("MoE: routes to the host, tiles back (+ staging)", 0);
                     let ff = x.gate.rows;
                     let gather_in = GemmIn {
                         gather: Some(crate::device::dptr(gpu, Some(&*gather))),
@@ -604,31 +644,38 @@ impl CudaDecoder {
                         Rows::new(&*pair_u, 0, ff),
                         Rows::new(&*pair_d, 0, d),
                     );
-                    x.gate.gemm_grouped(
-                        gpu,
-                        tiles,
-                        n_tiles,
-                        rt.max_expert,
-                        np,
-                        gather_in,
-                        gemm_out(gpu, pg, np, ff)?,
-                    )?;
-                    x.up.gemm_grouped(
-                        gpu,
-                        tiles,
-                        n_tiles,
-                        rt.max_expert,
-                        np,
-                        gather_in,
-                        gemm_out(gpu, pu, np, ff)?,
-                    )?;
+                    let st_ref = staging.as_deref();
+                    // One projection of the routed experts over the chunk's
+                    // pairs: at full residency one launch over the tile
+                    // list; under a bounded cache one over the resident
+                    // tiles and one over the staged (disjoint pair rows).
+                    let routed = |p: usize, input: GemmIn, out: GemmOut| -> Result<()> {
+                        let stack = [&x.gate, &x.up, &x.down][p];
+                        match (&split, st_ref) {
+                            (Some(sp), Some(st)) => {
+                                for (at, t, nt) in
+                                    st.sources(x, sp, p, [&*tiles, &*tiles_staged])?
+                                {
+                                    at.gemm(gpu, stack, t, nt, np, input, out)?;
+                                }
+                                Ok(())
+                            }
+                            _ => stack.gemm_grouped(
+                                gpu,
+                                tiles,
+                                rt.tiles.len() / 3,
+                                rt.max_expert,
+                                np,
+                                input,
+                                out,
+                            ),
+                        }
+                    };
+                    routed(0, gather_in, gemm_out(gpu, pg, np, ff)?)?;
+                    routed(1, gather_in, gemm_out(gpu, pu, np, ff)?)?;
                     ops::swiglu(gpu, (&*pair_g, 0), (&*pair_u, 0), &*pair_g, None, np * ff)?;
-                    x.down.gemm_grouped(
-                        gpu,
-                        tiles,
-                        n_tiles,
-                        rt.max_expert,
-                        np,
+                    routed(
+                        2,
                         half_in(gpu, pg, np, ff, xh_tmp)?,
                         gemm_out(gpu, pd, np, d)?,
                     )?;
@@ -636,6 +683,25 @@ impl CudaDecoder {
                         "MoE: routed experts gate, up, SwiGLU, down (grouped GEMMs)",
                         4
                     );
+                    // The next cached MoE layer's experts go up on the copy
+                    // stream while this layer's GEMMs and the next mixer
+                    // run: those pre-gating predicts, or all of them where
+                    // the chunk touches nearly all (no predictor).
+                    if let Some(st) = staging.as_deref_mut() {
+                        let next = self.ops[i + 1..].iter().find_map(|op| match op {
+                            Op::Moe(m2) => Some(m2.x.clone()),
+                            _ => None,
+                        });
+                        if let Some(nx) = next.filter(|nx| nx.cache.is_some()) {
+                            match &predicted {
+                                Some(pe) => st.upload(&nx, &distinct(pe, nx.n_expert)?, true)?,
+                                None if upload_all_ahead(n, nx.k, nx.n_expert) => {
+                                    st.upload(&nx, &vec![true; nx.n_expert], true)?
+                                }
+                                None => {}
+                            }
+                        }
+                    }
                     let shared = match &m.shared {
                         Some(s) => {
                             run_ffn(gpu, s, h16, n, &ffn_bufs)?;

@@ -87,6 +87,7 @@ fn launch(
     exact: bool,
     w: &CudaSlice<u8>,
     mat_bytes: usize,
+    slots: u64,
     rows: usize,
     cols: usize,
     tiles: Option<(&CudaSlice<i32>, usize)>,
@@ -128,7 +129,7 @@ fn launch(
     let args = GemmArgs {
         w: dptr(gpu, Some(w)),
         mat_bytes: mat_bytes as u64,
-        slots: 0,
+        slots,
         tiles: tiles.map_or(0, |(t, _)| dptr(gpu, Some(t))),
         x: if input.f16 { 0 } else { input.x },
         xh: if input.f16 { input.x } else { 0 },
@@ -143,8 +144,9 @@ fn launch(
     };
     let threads = if name == "gemm_f32" { 256 } else { 128 };
     // SAFETY: gemm_*(GemmArgs) by value (the struct mirrors the kernel's);
-    // the weights hold every matrix a tile names (the callers check the
-    // tile list against the stack), x holds every row the tiles (or n)
+    // the weights hold every matrix a tile names, directly or through the
+    // slot table when one is given (the callers check the tile list and
+    // the table's entries against the buffer), x holds every row the tiles (or n)
     // read, through gather where given, of ldx >= cols floats, y every
     // row they write of ldy >= rows floats (the callers' contract, checked
     // against their buffer sizes); all on `gpu.stream`.
@@ -177,6 +179,7 @@ impl DeviceMatrix {
             exact,
             &self.buf,
             self.bytes(),
+            0,
             self.rows,
             self.cols,
             None,
@@ -214,6 +217,48 @@ impl ExpertStack {
             false,
             &self.buf,
             self.stride,
+            0,
+            self.rows,
+            self.cols,
+            Some((tiles, n_tiles)),
+            n_pairs,
+            input,
+            out,
+        )
+    }
+
+    /// [`Self::gemm_grouped`] with expert e's matrix read from entry
+    /// `table[e]` of `src` (entries of this stack's stride) instead of
+    /// slot e of this stack: the bounded cache's slots (`table` its
+    /// `slot_of`) or a prefill staging image (`table` its `stage_of`).
+    /// `max_entry`: the largest entry the tiles' experts map to (checked
+    /// by the caller that split them on the host, [`crate::prefill_experts::split_tiles`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_grouped_via(
+        &self,
+        gpu: &Gpu,
+        src: &CudaSlice<u8>,
+        table: &CudaSlice<u32>,
+        max_entry: usize,
+        tiles: &CudaSlice<i32>,
+        n_tiles: usize,
+        n_pairs: usize,
+        input: GemmIn,
+        out: GemmOut,
+    ) -> Result<()> {
+        ensure!(
+            (max_entry + 1) * self.stride <= src.len(),
+            "gemm: entry {max_entry} of a buffer of {} bytes at {} a matrix",
+            src.len(),
+            self.stride
+        );
+        launch(
+            gpu,
+            &self.layout,
+            false,
+            src,
+            self.stride,
+            dptr(gpu, Some(table)),
             self.rows,
             self.cols,
             Some((tiles, n_tiles)),

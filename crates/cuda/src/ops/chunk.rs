@@ -1,5 +1,5 @@
 //! Launches of the prefill kernels that take a chunk of tokens at once
-//! (`attn_prep_chunk`, `kernels/attn_chunk.cu`, `kernels/deltanet_chunk.cu`,
+//! (`attn_prep_chunk`, `kernels/deltanet_chunk.cu`,
 //! `router_topk_chunk`, `add_bias_rows`, `moe_combine_chunk`). Activations
 //! are rows of a device buffer ([`Rows`]); every wrapper checks that the
 //! rows it hands a kernel lie inside their buffer.
@@ -140,122 +140,6 @@ pub fn attn_prep_chunk(
             &[&args],
         )
     }
-}
-
-/// Query rows (token, head) a flash-attention block takes.
-pub const FLASH_ROWS: usize = 64;
-
-/// Dynamic shared memory of `attn_flash_*_d{hd}` (Q tile, K tile, V
-/// transposed, f16).
-pub fn flash_smem_bytes(hd: usize) -> usize {
-    2 * ((FLASH_ROWS + 32) * (hd + 8) + hd * (32 + 8))
-}
-
-/// The argument struct of every `attn_chunk_*` and `attn_flash_*` kernel
-/// (`AttnChunkArgs` in `kernels/attn_chunk.cu`: same field order and
-/// types, device addresses as u64; the `.cu` asserts the size).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AttnChunkArgs {
-    pub q: u64,
-    pub kc: u64,
-    pub vc: u64,
-    pub gate: u64,
-    pub gate_ld: i64,
-    pub out: u64,
-    pub n_head: i32,
-    pub n_kv: i32,
-    pub pos0: i32,
-    pub tokens: i32,
-    pub scale: f32,
-    pub pad: i32,
-}
-
-// SAFETY: a plain `#[repr(C)]` struct of integers and a float, passed to
-// the kernels by value as the `AttnChunkArgs` it mirrors (offsets checked
-// in the tests, the size by a static_assert in the `.cu`).
-unsafe impl DeviceRepr for AttnChunkArgs {}
-
-/// Causal attention of `tokens` queries (positions `pos0..`) over the
-/// cache; `gate`: the q_full rows (gated layers), out *= sigmoid(gate).
-/// `flash`: on tensor cores (`attn_flash_*`, 64 query rows a block), else
-/// a warp per (token, head) (`attn_chunk_*`).
-#[allow(clippy::too_many_arguments)]
-pub fn attn_chunk(
-    gpu: &Gpu,
-    a: &AttnDims,
-    q: Rows,
-    kv: &KvCache,
-    gate: Option<Rows>,
-    out: Rows,
-    pos0: usize,
-    tokens: usize,
-    scale: f32,
-    flash: bool,
-) -> Result<()> {
-    a.check()?;
-    let (nh, nkv, hd) = (a.n_head, a.n_kv, a.hd);
-    ensure!(
-        q.ld == nh * hd && out.ld == nh * hd,
-        "attn_chunk: q/out rows"
-    );
-    let (qp, op) = (q.ptr(gpu, tokens, nh * hd)?, out.ptr(gpu, tokens, nh * hd)?);
-    ensure!(
-        (pos0 + tokens) * nkv * hd <= kv.len(),
-        "attn_chunk: past the cache"
-    );
-    let (gp, gld) = match gate {
-        Some(g) => (
-            g.ptr(gpu, tokens, 2 * nh * hd)? + 4 * hd as u64,
-            g.ld as i64,
-        ),
-        None => (0, 0),
-    };
-    let (kcp, vcp) = kv.ptrs(gpu);
-    let rows = tokens * (nh / nkv);
-    let args = AttnChunkArgs {
-        q: qp,
-        kc: kcp,
-        vc: vcp,
-        gate: gp,
-        gate_ld: gld,
-        out: op,
-        n_head: nh as i32,
-        n_kv: nkv as i32,
-        pos0: i32_of(pos0)?,
-        tokens: i32_of(tokens)?,
-        scale,
-        pad: 0,
-    };
-    if flash {
-        let name = kv.ty().kernel("attn_flash", &format!("_d{hd}"));
-        let smem = flash_smem_bytes(hd);
-        gpu.func(&name)?.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )?;
-        let blocks = rows.div_ceil(FLASH_ROWS);
-        ensure!(blocks <= i32::MAX as usize && nkv <= 65535);
-        let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (blocks as u32, nkv as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        // SAFETY: attn_flash[_kvf16]_d{hd}(AttnChunkArgs) by value (the
-        // struct mirrors the kernel's); grid (ceil(tokens*G/64), n_kv), 128
-        // threads, the dynamic shared memory the kernel lays out
-        // (flash_smem_bytes, allowed by the attribute set above); rows and
-        // cache positions checked above.
-        return unsafe { gpu.launch(&name, cfg, &[&args]) };
-    }
-    let blocks = rows.div_ceil(8);
-    ensure!(blocks <= i32::MAX as usize && nkv <= 65535);
-    let name = kv.ty().kernel("attn_chunk", &format!("_d{hd}"));
-    // SAFETY: attn_chunk[_kvf16]_d{hd}(AttnChunkArgs) by value (the struct
-    // mirrors the kernel's); grid (ceil(tokens*G/8), n_kv), 8 warps a block
-    // (ACH_WARPS); rows and cache positions checked above (hd is 64, 128
-    // or 256: AttnDims::check).
-    unsafe { gpu.launch(&name, cfg((blocks as u32, nkv as u32), 256), &[&args]) }
 }
 
 /// The columns a block of the sequential chunk recurrence takes (W: two
@@ -663,13 +547,6 @@ mod tests {
         assert_eq!(offset_of!(GdnRecurArgs, raw), 48);
         assert_eq!(offset_of!(GdnRecurArgs, n_k), 56);
         assert_eq!(offset_of!(GdnRecurArgs, tokens), 76);
-        // 5 pointers and an i64, 4 i32, an f32 and the pad = 72 bytes
-        assert_eq!(size_of::<AttnChunkArgs>(), 72);
-        assert_eq!(align_of::<AttnChunkArgs>(), 8);
-        assert_eq!(offset_of!(AttnChunkArgs, gate_ld), 32);
-        assert_eq!(offset_of!(AttnChunkArgs, n_head), 48);
-        assert_eq!(offset_of!(AttnChunkArgs, scale), 64);
-        assert_eq!(offset_of!(AttnChunkArgs, pad), 68);
         // 6 pointers and an i64, 2 i32 = 64 bytes
         assert_eq!(size_of::<MoeCombineChunkArgs>(), 64);
         assert_eq!(offset_of!(MoeCombineChunkArgs, sh_ld), 48);

@@ -11,6 +11,7 @@
 //! [`crate::gemv`], the expert cache's kernels in [`crate::expert_cache`].
 
 mod attention;
+mod attn_chunk;
 mod attn_prep;
 mod chunk;
 mod deltanet;
@@ -23,11 +24,15 @@ pub use attention::{
     attention, default_nsplit, f16_round, AttnDims, AttnMergeArgs, AttnScratch, AttnSplitArgs,
     KvCache, KvType,
 };
+pub use attn_chunk::{
+    attn_chunk, flash_part_floats, flash_smem_bytes, flash_splits, AttnChunkArgs, AttnKernel,
+    FLASH_MAX_SPLIT, FLASH_ROWS,
+};
 pub use attn_prep::{attn_prep, AttnPrepArgs};
 pub use chunk::{
-    add_bias_rows, attn_chunk, attn_prep_chunk, flash_smem_bytes, gdn_chunk, gdn_chunk_split,
-    moe_combine_chunk, router_topk_chunk, to_f16_rows, AttnChunkArgs, GdnChunkScratch, GdnForm,
-    GdnRecurArgs, MoeCombineChunkArgs, Rows, SharedRows, FLASH_ROWS,
+    add_bias_rows, attn_prep_chunk, gdn_chunk, gdn_chunk_split, moe_combine_chunk,
+    router_topk_chunk, to_f16_rows, GdnChunkScratch, GdnForm, GdnRecurArgs, MoeCombineChunkArgs,
+    Rows, SharedRows,
 };
 pub use deltanet::{gdn_step, GdnDims, GdnWeights, GDN_THREADS};
 pub use elementwise::{add_inplace, moe_combine, swiglu, MoeCombineNormArgs, NextNorm};

@@ -276,20 +276,28 @@ fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
     ];
     let base = 1e6f32 as f64;
     let mut rows = Vec::new();
-    for (ty, flash) in [
-        (KvType::F32, false),
-        (KvType::F16, false),
-        (KvType::F32, true),
-        (KvType::F16, true),
+    // split 0: the warp kernel; 1..: the flash kernel with its keys split
+    // that many ways (16 is FLASH_MAX_SPLIT: most splits of the short
+    // cases are empty, the rows they leave at m = -inf weigh nothing).
+    for (ty, split) in [
+        (KvType::F32, 0usize),
+        (KvType::F16, 0),
+        (KvType::F32, 1),
+        (KvType::F16, 1),
+        (KvType::F32, 3),
+        (KvType::F16, 3),
+        (KvType::F32, 16),
+        (KvType::F16, 16),
     ] {
+        let flash = split > 0;
         let mut w = Worst::new(format!(
             "{} + {} (prefill chunk: prep, causal attention over cache + chunk{})",
             ty.kernel("attn_prep_chunk", ""),
             ty.kernel(if flash { "attn_flash" } else { "attn_chunk" }, "_d*"),
-            if flash {
-                "; tensor cores, f16 Q/K/V/P"
-            } else {
-                ""
+            match split {
+                0 => String::new(),
+                1 => "; tensor cores, f16 Q/K/V/P".into(),
+                n => format!("; tensor cores, keys split {n} ways + attn_flash_merge_d*"),
             }
         ));
         if ty == KvType::F16 || flash {
@@ -297,12 +305,17 @@ fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
             // kernel's f16 Q and P.
             w.tol = F16_GEMM_TOL;
         }
-        for a in shapes {
+        for (si, a) in shapes.iter().enumerate() {
             let (nh, nkv, hd) = (a.n_head, a.n_kv, a.hd);
             let inv: Vec<f64> = (0..a.n_rot / 2)
                 .map(|i| base.powf(-(2.0 * i as f64) / a.n_rot as f64))
                 .collect();
-            for (p0, n) in [(0usize, 1usize), (0, 45), (300, 33), (70, 130)] {
+            let mut cases = vec![(0usize, 1usize), (0, 45), (300, 33), (70, 130)];
+            if flash && si == 0 {
+                // 64 tiles of keys: every split of 16 has some.
+                cases.push((2000, 70));
+            }
+            for (p0, n) in cases {
                 let ctx = p0 + n;
                 // The cache before the chunk: random rows (as stored).
                 let mut kc = rounded_if(ty, &random_vec(ctx * nkv * hd, rng));
@@ -322,7 +335,7 @@ fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
                 let qf = Rows::new(&pd, 0, ld);
                 ops::attn_prep_chunk(
                     gpu,
-                    &a,
+                    a,
                     qf,
                     Rows::new(&pd, qw, ld),
                     Rows::new(&pd, qw + nkv * hd, ld),
@@ -335,9 +348,18 @@ fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
                     1e-6,
                 )?;
                 let scale = 1.0 / (hd as f32).sqrt();
+                let part = nan(gpu, ops::flash_part_floats(a, n, split).max(1))?;
+                let kernel = if flash {
+                    ops::AttnKernel::Flash {
+                        split,
+                        part: Some(&part),
+                    }
+                } else {
+                    ops::AttnKernel::Warp
+                };
                 ops::attn_chunk(
                     gpu,
-                    &a,
+                    a,
                     Rows::new(&qd, 0, nh * hd),
                     &kv,
                     a.gated.then_some(qf),
@@ -345,7 +367,7 @@ fn attention(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Worst>> {
                     p0,
                     n,
                     scale,
-                    flash,
+                    kernel,
                 )?;
                 let o = down(gpu, &od)?;
                 let (kd, vd) = kv.download(gpu)?;
