@@ -320,7 +320,7 @@ impl Handoff {
         self.layer_diffs
             .iter()
             .map(|&(d, m)| d / m.max(1.0))
-            .fold(0.0, f64::max)
+            .fold(0.0, |w, d| if d.is_nan() || d > w { d } else { w })
     }
 
     /// The loaded continuation is the straight run's, or parts from it no

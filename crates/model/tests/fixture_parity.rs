@@ -61,7 +61,7 @@ fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+        .fold(0.0, |w, d| if d.is_nan() || d > w { d } else { w })
 }
 
 fn abs_max(a: &[f32]) -> f32 {
@@ -250,7 +250,9 @@ fn kl_stats(reference: &[f32], got: &[f32], vocab: usize) -> (f64, f64) {
         .collect();
     (
         kls.iter().sum::<f64>() / kls.len() as f64,
-        kls.iter().copied().fold(0.0, f64::max),
+        kls.iter()
+            .copied()
+            .fold(0.0, |w, d| if d.is_nan() || d > w { d } else { w }),
     )
 }
 
@@ -446,7 +448,11 @@ fn per_token_errors(
 fn worst_per_token(errors: &[Vec<(String, f32)>]) -> Vec<f32> {
     errors
         .iter()
-        .map(|e| e.iter().map(|(_, x)| *x).fold(0.0, f32::max))
+        .map(|e| {
+            e.iter()
+                .map(|(_, x)| *x)
+                .fold(0.0, |w, d| if d.is_nan() || d > w { d } else { w })
+        })
         .collect()
 }
 

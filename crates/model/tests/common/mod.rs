@@ -343,7 +343,7 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max)
+        .fold(0f32, |w, d| if d.is_nan() || d > w { d } else { w })
 }
 
 pub fn prompt(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
