@@ -181,7 +181,7 @@ fn device_q8(gpu: &Gpu, x: &[f32], qw: &mut Worst) -> Result<(Q8Vec, Vec<f64>)> 
         .iter()
         .zip(&cd)
         .map(|(&a, &b)| ((a - b) as f64).abs() / (b as f64).max(1e-30))
-        .fold(0f64, f64::max);
+        .fold(0f64, |w, d| if d.is_nan() || d > w { d } else { w });
     qw.cases += 1;
     qw.max_abs = qw.max_abs.max(dq as f64);
     qw.max_rel = qw.max_rel.max(dd);

@@ -68,7 +68,7 @@ pub(super) fn check_q8(gpu: &Gpu, out: &[f32], q8: &Q8Vec, w: &mut Worst) -> Res
         .iter()
         .zip(&cd)
         .map(|(&a, &b)| ((a - b) as f64).abs() / (b as f64).max(1e-30))
-        .fold(0f64, f64::max);
+        .fold(0f64, |w, d| if d.is_nan() || d > w { d } else { w });
     fold(w, (dq as f64, dd, dq <= 1));
     Ok(())
 }
