@@ -326,10 +326,12 @@ pub fn causal_attention_reference(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
+    /// Seeded uniform values in [-1, 1) (an LCG), shared by the attention
+    /// kernels' tests.
+    pub(crate) fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
         (0..n)
             .map(|_| {
                 *seed = seed

@@ -237,17 +237,7 @@ unsafe fn tile_avx2(t: &Task, sc: &mut Scratch, out: &mut [f32]) {
 mod tests {
     use super::*;
     use crate::attention::causal_attention_reference;
-
-    fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                *seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::attention::tests::rand;
 
     /// Against the f64 reference: the demo model's shape (14 on 2, head
     /// dim 64), a 128-dim one and one head a KV head, chunks of 2 to 150
