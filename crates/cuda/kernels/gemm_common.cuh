@@ -11,34 +11,46 @@
 // `xh` is given instead (the prefill converts each GEMM input once:
 // to_f16_rows in elementwise.cu), with ldx in elements either way.
 //
-// Tiles: BM = 64 weight rows x BN = 64 activation rows, K in steps of
-// BK = 128 values (four 32-value lane chunks of a row: half a 256-value
-// block, or four 32-value blocks). Per step every thread dequantizes two
-// chunks of weights with the format's `deq` (the same decode as its GEMV's
-// `dot`, one value per output) into shared memory as f16, and converts 64
-// activations to f16; then each of the 4 warps multiplies its 32 x 32
-// sub-tile with mma.sync m16n8k16 (f16 in, f32 accumulate). Shared rows
-// are padded to 136 halves (68 words): the fragment loads of a warp's 8
-// row groups x 4 column pairs then hit 32 distinct banks.
+// Tiles: BM = 128 weight rows (32 a warp, 4 warps) x BN = 64 activation
+// rows, K in steps of BK = 128 values (four 32-value chunks: half a
+// 256-value block, or four 32-value blocks). mma.sync m16n8k16, f16 in,
+// f32 accumulate.
 //
-// The kernel is bound by the L1/shared-memory data path (Nsight Compute on
-// the H200: L1/TEX throughput 97% at 33% SM issue), so the loads are laid
-// out for few L1 wavefronts: a warp reads one activation row's 128 values
-// of a step as 32 consecutive float4 (one request over four full lines;
-// the tile's row offsets are looked up once, into shared memory), and the
-// codebook formats (IQ2_XXS, IQ2_XS: `GEMM_TABLE` entries of `T::table`)
-// read their grid from a copy in shared memory rather than through L1,
-// where a warp's 32 random entries of a 2-4 KB table cost up to 32
-// wavefronts a lookup; dequantized weights go to shared memory in 16-byte
-// stores.
+// The weights never pass through shared memory. A sum over k does not
+// depend on the order of k, so each 32-value chunk is fed to its two k16
+// MMAs in a permuted order in which lane (g, c) = (lane/4, lane%4) holds
+// exactly run c of the chunk: the 8 consecutive columns the format's
+// `col(sub, 8c)` names (every format keeps runs of 8 together). The lane
+// dequantizes its 4 rows' run c (`deq8`, the same decode as the GEMV's
+// `dot`, rounded to f16 once) straight into its A fragments, and reads
+// the matching 8 activations of a token as one 16-byte shared load that
+// is its B fragment for both MMAs. Each weight is dequantized once per
+// block, as before, but the shared-memory traffic of a step drops from
+// 96 KB per MFLOP (dequantized weights stored and read back by ldmatrix,
+// activations likewise) to 40 KB (activations only), which was the limit
+// (Nsight Compute on the H200: L1/TEX throughput 97% at 33% SM issue).
+//
+// Activations: the tile's 64 rows of a step go to shared memory by
+// cp.async (f16 input; two steps in flight) laid out [chunk][row][run] in
+// 16-byte pieces, so a warp's fragment loads read 512 contiguous bytes
+// (no bank conflicts for any format's `col`). The tile's row offsets
+// (gathered for the routed experts) are looked up once. A warp skips the
+// n8 column groups past the tile's last row: a routed tile holds ~32 pairs
+// on average at 2048 tokens, 512 experts, top-10.
+//
+// The codebook formats (IQ2_XXS, IQ2_XS: `GEMM_TABLE` entries of
+// `T::table`) read their grid from a copy in shared memory rather than
+// through L1, where a warp's random entries of a 2-4 KB table cost up to
+// 32 wavefronts a lookup.
 #pragma once
 #include "gemv_common.cuh"
 
-#define GEMM_BM 64
+#define GEMM_BM 128
 #define GEMM_BN 64
 #define GEMM_BK 128
-#define GEMM_LDS (GEMM_BK + 8)
 #define GEMM_THREADS 128
+// 16-byte activation pieces of one step: 4 chunks x 64 rows x 4 runs.
+#define GEMM_BPIECES (4 * GEMM_BN * 4)
 
 // Kernel arguments, one struct (mirrored by `GemmArgs` in
 // src/prefill/gemm.rs, #[repr(C)]; field order and types must match). The
@@ -62,7 +74,7 @@ struct GemmArgs {
 };
 
 // Entries of the format's codebook staged into shared memory (0: none;
-// a format with `TABLE` entries has `table()` and a `deq` that takes the
+// a format with `TABLE` entries has `table()` and a `dec8` that takes the
 // staged copy).
 template <class T, class = void>
 struct gemm_table {
@@ -73,14 +85,58 @@ struct gemm_table<T, decltype(void(T::TABLE))> {
     static constexpr int n = T::TABLE;
 };
 
+// The tile's activations of step `step` into `dst` ([chunk][row][run]
+// pieces of 8 values; zeros past the tile's rows or the matrix's chunks).
+template <class T>
+__device__ __forceinline__ void gemm_load_b(const GemmArgs& a, const long long* xoff, int step, int nchunks,
+                                            uint4* dst) {
+    for (int q = threadIdx.x; q < GEMM_BPIECES; q += blockDim.x) {
+        const int j = q >> 8, t = (q >> 2) & (GEMM_BN - 1), r = q & 3;
+        const int ch = step * 4 + j;
+        const long long off = xoff[t];
+        if (off >= 0 && ch < nchunks) {
+            const long long k = off + (long long)(ch / T::LPB) * T::QK + T::col(ch % T::LPB, 8 * r);
+            if (a.xh) {
+                cp_async16(dst + q, a.xh + k);
+            } else {
+                const float4 f0 = __ldg(reinterpret_cast<const float4*>(a.x + k));
+                const float4 f1 = __ldg(reinterpret_cast<const float4*>(a.x + k) + 1);
+                dst[q] = make_uint4(pack_h2(f0.x, f0.y), pack_h2(f0.z, f0.w), pack_h2(f1.x, f1.y),
+                                    pack_h2(f1.z, f1.w));
+            }
+        } else {
+            dst[q] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+// The loads of this lane's 4 rows of chunk `ch` (clamped to the last
+// chunk: the prefetch past the end reads what exists and is not used).
+template <class T>
+__device__ __forceinline__ void gemm_load_a(const u8* base, const u16* dd, const u64* rowblk, int ch, int nchunks,
+                                            int run, typename T::Raw* dst) {
+    ch = min(ch, nchunks - 1);
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const u64 bi = rowblk[r] + ch / T::LPB;
+        dst[r] = T::fetch8(base + bi * T::PAYLOAD, dd + bi * side_words<T>::v, ch % T::LPB, run);
+    }
+}
+
 template <class T>
 __device__ __forceinline__ void gemm_body(const GemmArgs& a) {
-    __shared__ __align__(16) u16 As[GEMM_BM * GEMM_LDS];
-    __shared__ __align__(16) u16 Bs[GEMM_BN * GEMM_LDS];
-    // Float offset of each activation row of the tile (-1: past its end).
+    __shared__ __align__(16) uint4 Bs[2][GEMM_BPIECES];
+    // Element offset of each activation row of the tile (-1: past its end).
     __shared__ long long xoff[GEMM_BN];
     constexpr int NTAB = gemm_table<T>::n;
     __shared__ __align__(16) u64 stab[NTAB > 0 ? NTAB : 1];
+    // Weight loads in flight ahead of their chunk's MMAs: 3 chunks for the
+    // formats whose loads fit in 16 bytes a row, else 1 (a ring of 4 or 2
+    // entries: a divisor of the 4 chunks of a step, so every entry's index
+    // is a constant after unrolling).
+    using Raw = typename T::Raw;
+    constexpr int AHEAD = sizeof(Raw) <= 16 ? 3 : 1;
+    constexpr int RING = AHEAD + 1;
     const int ty = blockIdx.y;
     int m = 0, p0, p1;
     if (a.tiles) {
@@ -91,133 +147,108 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a) {
         p0 = ty * GEMM_BN;
         p1 = min(p0 + GEMM_BN, a.n);
     }
+    const int cnt = p1 - p0;
     const u8* base = a.w + (u64)(a.slots ? __ldg(a.slots + m) : (u32)m) * a.mat_bytes;
     const u16* dd = reinterpret_cast<const u16*>(base + (u64)a.rows * a.nb * T::PAYLOAD);
-    const int r0 = blockIdx.x * GEMM_BM;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
-    const int K = a.nb * T::QK;
+    // A block of W warps covers 32 W rows (W = blockDim.x / 32, chosen by
+    // the launch so that small grids still fill the card).
+    const int wr = blockIdx.x * blockDim.x + warp * 32;
     const int nchunks = a.nb * T::LPB;
-    float acc[2][4][4];
+    const int nsteps = (nchunks + 3) / 4;
+    // This lane's rows (mi*16 + hr*8 + g of the warp's 32, index 2 mi + hr):
+    // the first block of each (rows past the matrix load its last row and
+    // contribute zeros).
+    u64 rowblk[4];
+    bool rowok[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int row = wr + (r >> 1) * 16 + (r & 1) * 8 + g;
+        rowok[r] = row < a.rows;
+        rowblk[r] = (u64)min(row, a.rows - 1) * a.nb;
+    }
+    float acc[2][8][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
-    if (tid < GEMM_BN) {
-        const int bp = p0 + tid;
-        xoff[tid] = bp < p1 ? (long long)(a.gather ? __ldg(a.gather + bp) : bp) * a.ldx : -1;
+    for (int i = tid; i < GEMM_BN; i += blockDim.x) {
+        const int bp = p0 + i;
+        xoff[i] = bp < p1 ? (long long)(a.gather ? __ldg(a.gather + bp) : bp) * a.ldx : -1;
     }
     if constexpr (NTAB > 0) {
-        for (int i = tid; i < NTAB; i += GEMM_THREADS) stab[i] = T::table(i);
+        for (int i = tid; i < NTAB; i += blockDim.x) stab[i] = T::table(i);
     }
+    Raw ring[RING][4];
+#pragma unroll
+    for (int k = 0; k < AHEAD; k++) gemm_load_a<T>(base, dd, rowblk, k, nchunks, c, ring[k]);
     __syncthreads();
+    gemm_load_b<T>(a, xoff, 0, nchunks, Bs[0]);
+    cp_async_commit();
 
-    for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
-        // Weights: 64 rows x 4 chunks, two chunks a thread.
-#pragma unroll
-        for (int jb = 0; jb < 2; jb++) {
-            const int job = tid + jb * GEMM_THREADS;
-            const int rr = job >> 2, cc = job & 3;
-            const int row = r0 + rr;
-            const int ch = k0 / 32 + cc;
-            float v[32];
-            const int sub = ch % T::LPB;
-            if (row < a.rows && ch < nchunks) {
-                const u64 bi = (u64)row * a.nb + ch / T::LPB;
-                if constexpr (NTAB > 0)
-                    T::deq(base + bi * T::PAYLOAD, dd + bi * side_words<T>::v, sub, v, stab);
-                else
-                    T::deq(base + bi * T::PAYLOAD, dd + bi * side_words<T>::v, sub, v);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 32; i++) v[i] = 0.0f;
-            }
-            const int cb = (ch / T::LPB) * T::QK - k0;  // the block's first column in the tile
-            u16* dst = As + rr * GEMM_LDS + cb;
-            // 16-byte stores: every format's `col` keeps 8 consecutive
-            // values in consecutive columns, 8-aligned. (32-bit stores of
-            // this lane layout put a warp's 32 words in 8 banks.)
-#pragma unroll
-            for (int i = 0; i < 32; i += 8) {
-                uint4 h;
-                h.x = pack_h2(v[i], v[i + 1]);
-                h.y = pack_h2(v[i + 2], v[i + 3]);
-                h.z = pack_h2(v[i + 4], v[i + 5]);
-                h.w = pack_h2(v[i + 6], v[i + 7]);
-                *reinterpret_cast<uint4*>(dst + T::col(sub, i)) = h;
-            }
-        }
-        if (a.xh) {
-            // f16 activations (converted once per input, not once per
-            // tile of weight rows): rows q*8 + 2*warp + lane/16, 8 values
-            // a lane, two rows' 256 contiguous bytes a warp request.
-#pragma unroll 4
-            for (int q = 0; q < GEMM_BN / 8; q++) {
-                const int brow = q * 8 + 2 * warp + (lane >> 4);
-                const int k = k0 + 8 * (lane & 15);
-                const long long off = xoff[brow];
-                uint4 h = {0u, 0u, 0u, 0u};
-                if (off >= 0 && k < K) h = __ldg(reinterpret_cast<const uint4*>(a.xh + off + k));
-                *reinterpret_cast<uint4*>(Bs + brow * GEMM_LDS + 8 * (lane & 15)) = h;
-            }
-        } else {
-            // f32 activations: row q*4 + warp of the tile, values
-            // 4*lane.. of the step: a warp reads one row's 512 contiguous
-            // bytes.
-#pragma unroll 4
-            for (int q = 0; q < GEMM_BN / 4; q++) {
-                const int brow = q * 4 + warp;
-                const int k = k0 + 4 * lane;
-                const long long off = xoff[brow];
-                float4 f = {0.f, 0.f, 0.f, 0.f};
-                if (off >= 0 && k < K) f = __ldg(reinterpret_cast<const float4*>(a.x + off + k));
-                uint2 h;
-                h.x = pack_h2(f.x, f.y);
-                h.y = pack_h2(f.z, f.w);
-                *reinterpret_cast<uint2*>(Bs + brow * GEMM_LDS + 4 * lane) = h;
-            }
-        }
+    for (int s = 0; s < nsteps; s++) {
+        // The next step's activations go in flight before this one's wait.
+        if (s + 1 < nsteps) gemm_load_b<T>(a, xoff, s + 1, nchunks, Bs[(s + 1) & 1]);
+        cp_async_commit();
+        cp_async_wait<1>();
         __syncthreads();
+        const uint4* bs = Bs[s & 1];
 #pragma unroll
-        for (int kk = 0; kk < GEMM_BK; kk += 16) {
-            // Fragments by ldmatrix: A's four 8x8 pieces are (rows 0-7 |
-            // 8-15) x (k 0-7 | 8-15), lane l naming row l%16 at k 8(l/16);
-            // B's are (n 0-7, k 0-7), (n 0-7, k 8-15), then the same for
-            // n 8-15: two n8 fragments a load.
-            u32 af[2][4], bf[4][2];
+        for (int j = 0; j < 4; j++) {
+            const int ch = s * 4 + j;
+            if (ch >= nchunks) break;
+            // Chunk ch's weights were loaded AHEAD chunks ago, into entry
+            // ch % RING = j % RING; chunk ch + AHEAD's go out now.
+            gemm_load_a<T>(base, dd, rowblk, ch + AHEAD, nchunks, c, ring[(j + AHEAD) % RING]);
+            const int sub = ch % T::LPB;
+            // A fragments of the chunk's two k16 MMAs: [m16 tile][mma][reg]
+            // (regs 0/1: rows g / g+8 at the MMA's k 2c, 2c+1; regs 2/3:
+            // the same rows at k 2c+8, 2c+9), values 0-3 of the run in
+            // the first MMA and 4-7 in the second.
+            u32 af[2][2][4];
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-                ldmatrix_x4(af[mi], As + (wm + mi * 16 + (lane & 15)) * GEMM_LDS + kk + 8 * (lane >> 4));
-#pragma unroll
-            for (int nj = 0; nj < 2; nj++) {
-                u32 r[4];
-                const int j = lane >> 3;
-                ldmatrix_x4(r, Bs + (wn + nj * 16 + 8 * (j >> 1) + (lane & 7)) * GEMM_LDS + kk + 8 * (j & 1));
-                bf[2 * nj][0] = r[0];
-                bf[2 * nj][1] = r[1];
-                bf[2 * nj + 1][0] = r[2];
-                bf[2 * nj + 1][1] = r[3];
+            for (int r = 0; r < 4; r++) {
+                const int mi = r >> 1, hr = r & 1;
+                float v[8];
+                if constexpr (NTAB > 0)
+                    T::dec8(ring[j % RING][r], sub, c, v, stab);
+                else
+                    T::dec8(ring[j % RING][r], sub, c, v);
+                const float z = rowok[r] ? 1.0f : 0.0f;
+                af[mi][0][hr] = pack_h2(z * v[0], z * v[1]);
+                af[mi][0][2 + hr] = pack_h2(z * v[2], z * v[3]);
+                af[mi][1][hr] = pack_h2(z * v[4], z * v[5]);
+                af[mi][1][2 + hr] = pack_h2(z * v[6], z * v[7]);
             }
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
+            for (int nt = 0; nt < 8; nt++) {
+                if (nt * 8 >= cnt) break;
+                // Row nt*8 + g's run c: its B fragment for both MMAs.
+                const uint4 b = bs[j * (GEMM_BN * 4) + (nt * 8 + g) * 4 + c];
+                const u32 b0[2] = {b.x, b.y}, b1[2] = {b.z, b.w};
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) mma_16816(acc[mi][ni], af[mi], bf[ni]);
+                for (int mi = 0; mi < 2; mi++) {
+                    mma_16816(acc[mi][nt], af[mi][0], b0);
+                    mma_16816(acc[mi][nt], af[mi][1], b1);
+                }
+            }
         }
+        // Every warp is done with this buffer before step s + 2 fills it.
         __syncthreads();
     }
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int row = r0 + wm + mi * 16 + g + (e >> 1) * 8;
-                const int p = p0 + wn + ni * 8 + 2 * c + (e & 1);
-                if (row < a.rows && p < p1) a.y[(long long)p * a.ldy + row] = acc[mi][ni][e];
+                const int row = wr + mi * 16 + g + (e >> 1) * 8;
+                const int p = p0 + nt * 8 + 2 * c + (e & 1);
+                if (row < a.rows && p < p1) a.y[(long long)p * a.ldy + row] = acc[mi][nt][e];
             }
 }
 

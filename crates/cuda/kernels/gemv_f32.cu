@@ -30,19 +30,25 @@ struct F32W {
         }
         return s0 + s1;
     }
-    // The chunk's values (prefill GEMM, gemm_common.cuh; rounded to f16
-    // there: the F32 routers take the exact gemm_f32 path instead).
-    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__,
-                                               int, float* v) {
-        const float4* w = reinterpret_cast<const float4*>(blk);
-#pragma unroll
-        for (int l = 0; l < 8; l++) {
-            const float4 a = __ldg(w + l);
-            v[4 * l] = a.x;
-            v[4 * l + 1] = a.y;
-            v[4 * l + 2] = a.z;
-            v[4 * l + 3] = a.w;
-        }
+    // Values 8r..8r+8 of the chunk in `load_x` order (columns col(sub,
+    // 8r)..+8), for the prefill GEMM's per-lane fragments (gemm_common.cuh),
+    // in two parts: the loads (`fetch8`, issued chunks ahead) and the decode.
+    struct Raw {
+        float4 a, b;
+    };
+    static __device__ __forceinline__ Raw fetch8(const u8* __restrict__ blk, const u16* __restrict__, int, int r) {
+        const float4* w = reinterpret_cast<const float4*>(blk) + 2 * r;
+        return {__ldg(w), __ldg(w + 1)};
+    }
+    static __device__ __forceinline__ void dec8(const Raw& r, int, int, float* v) {
+        v[0] = r.a.x;
+        v[1] = r.a.y;
+        v[2] = r.a.z;
+        v[3] = r.a.w;
+        v[4] = r.b.x;
+        v[5] = r.b.y;
+        v[6] = r.b.z;
+        v[7] = r.b.w;
     }
     static __device__ __forceinline__ int col(int, int i) { return i; }
 };

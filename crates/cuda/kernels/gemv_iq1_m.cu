@@ -51,31 +51,35 @@ struct Iq1M {
         const float s0 = (float)(2 * ((scw >> sh) & 7u) + 1), s1 = (float)(2 * ((scw >> (sh + 3)) & 7u) + 1);
         return d * (s0 * s[0] + s1 * s[1]);
     }
-    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
-    // and their columns in the block.
-    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__,
-                                               int sub, float* v) {
-        const u32 qs = __ldg(reinterpret_cast<const u32*>(blk + 4 * sub));
-        const u32 qh = __ldg(reinterpret_cast<const u16*>(blk + 32 + 2 * sub));
-        const uint2 sw = __ldg(reinterpret_cast<const uint2*>(blk + 48));
+    // Run `l` of chunk `sub` (values 8l..8l+8 in `load_x` order, columns
+    // col(sub, 8l)..+8: grid entry l), for the prefill GEMM's per-lane
+    // fragments (gemm_common.cuh), in two parts: the loads (`fetch8`, issued
+    // chunks ahead) and the decode.
+    struct Raw {
+        u32 qs, qh;
+        uint2 sw;
+    };
+    static __device__ __forceinline__ Raw fetch8(const u8* __restrict__ blk, const u16* __restrict__, int sub, int) {
+        return {__ldg(reinterpret_cast<const u32*>(blk + 4 * sub)),
+                (u32)__ldg(reinterpret_cast<const u16*>(blk + 32 + 2 * sub)),
+                __ldg(reinterpret_cast<const uint2*>(blk + 48))};
+    }
+    static __device__ __forceinline__ void dec8(const Raw& r, int sub, int l, float* v) {
+        const uint2 sw = r.sw;
         const u32 dbits = ((sw.x & 0xffffu) >> 12) | ((sw.x >> 24) & 0xf0u) | ((sw.y & 0xffffu) >> 4 & 0xf00u) |
                           ((sw.y >> 16) & 0xf000u);
         const u32 scw = ((sub >> 1) == 0 ? sw.x : (sub >> 1) == 1 ? sw.x >> 16 : (sub >> 1) == 2 ? sw.y : sw.y >> 16) &
                         0xffffu;
-        const int sh = 6 * (sub & 1);
-        const float d = h2f((u16)dbits);
-        const float s0 = d * (float)(2 * ((scw >> sh) & 7u) + 1), s1 = d * (float)(2 * ((scw >> (sh + 3)) & 7u) + 1);
+        const int sh = 6 * (sub & 1) + (l < 2 ? 0 : 3);
+        const float s = h2f((u16)dbits) * (float)(2 * ((scw >> sh) & 7u) + 1);
+        const u32 nib = (r.qh >> (4 * l)) & 15u;
+        const u64 grid = __ldg(&iq1s_grid[byte_of(r.qs, l) | ((nib & 7u) << 8)]);
+        const float delta = (nib & 8u) ? -0.125f : 0.125f;
 #pragma unroll
-        for (int l = 0; l < 4; l++) {
-            const u32 nib = (qh >> (4 * l)) & 15u;
-            const u64 grid = __ldg(&iq1s_grid[byte_of(qs, l) | ((nib & 7u) << 8)]);
-            const float delta = (nib & 8u) ? -0.125f : 0.125f;
+        for (int half = 0; half < 2; half++) {
+            const u32 g4 = (half ? (u32)(grid >> 32) : (u32)grid) ^ 0x80808080u;
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const u32 g4 = (half ? (u32)(grid >> 32) : (u32)grid) ^ 0x80808080u;
-#pragma unroll
-                for (int k = 0; k < 4; k++) v[8 * l + 4 * half + k] = (l < 2 ? s0 : s1) * (sbyte_f(g4, k) + delta);
-            }
+            for (int k = 0; k < 4; k++) v[4 * half + k] = s * (sbyte_f(g4, k) + delta);
         }
     }
     static __device__ __forceinline__ int col(int sub, int i) { return 32 * sub + i; }

@@ -45,36 +45,38 @@ struct Iq2Xs {
         const float d = h2f(__ldg(dd)) * 0.25f;
         return d * ((0.5f + (float)(sc & 15u)) * s[0] + (0.5f + (float)(sc >> 4)) * s[1]);
     }
-    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
-    // and their columns in the block.
-    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
-                                               int sub, float* v,
-                                               const u64* grid_tab) {
-        const uint2 g = __ldg(reinterpret_cast<const uint2*>(blk + 8 * sub));
-        const u32 sc = __ldg(blk + 64 + sub);
-        const u32 qw[2] = {g.x, g.y};
-        const float d = h2f(__ldg(dd)) * 0.25f;
-        const float s0 = d * (0.5f + (float)(sc & 15u)), s1 = d * (0.5f + (float)(sc >> 4));
-#pragma unroll
-        for (int l = 0; l < 4; l++) {
-            const u32 q = (qw[l >> 1] >> (16 * (l & 1))) & 0xffffu;
-            const u64 grid = grid_tab[q & 511u];
-            const u32 code = q >> 9;
-            const u32 signs = code | ((__popc(code) & 1) << 7);
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const u32 g4 = half ? (u32)(grid >> 32) : (u32)grid;
-                const u32 m = (((((signs >> (4 * half)) & 15u) * 0x00204081u) & 0x01010101u) * 0xffu);
-                const u32 sg = __vsub4(g4 ^ m, m) ^ 0x80808080u;
-#pragma unroll
-                for (int k = 0; k < 4; k++) v[8 * l + 4 * half + k] = (l < 2 ? s0 : s1) * sbyte_f(sg, k);
-            }
-        }
-    }
     // The GEMM stages the grid in shared memory (gemm_common.cuh) and
-    // passes it to `deq`.
+    // passes it to `dec8`.
     static constexpr int TABLE = 512;
     static __device__ __forceinline__ u64 table(int i) { return iq2xs_grid[i]; }
+    // Run `l` of chunk `sub` (values 8l..8l+8 in `load_x` order, columns
+    // col(sub, 8l)..+8: grid entry l), for the prefill GEMM's per-lane
+    // fragments (gemm_common.cuh), in two parts: the loads (`fetch8`, issued
+    // chunks ahead) and the decode.
+    struct Raw {
+        u32 w, sc;
+        u16 d;
+    };
+    static __device__ __forceinline__ Raw fetch8(const u8* __restrict__ blk, const u16* __restrict__ dd, int sub,
+                                                int l) {
+        return {__ldg(reinterpret_cast<const u32*>(blk + 8 * sub + 4 * (l >> 1))), (u32)__ldg(blk + 64 + sub),
+                __ldg(dd)};
+    }
+    static __device__ __forceinline__ void dec8(const Raw& r, int, int l, float* v, const u64* grid_tab) {
+        const float s = h2f(r.d) * 0.25f * (0.5f + (float)((l < 2 ? r.sc : r.sc >> 4) & 15u));
+        const u32 q = (r.w >> (16 * (l & 1))) & 0xffffu;
+        const u64 grid = grid_tab[q & 511u];
+        const u32 code = q >> 9;
+        const u32 signs = code | ((__popc(code) & 1) << 7);
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const u32 g4 = half ? (u32)(grid >> 32) : (u32)grid;
+            const u32 m = (((((signs >> (4 * half)) & 15u) * 0x00204081u) & 0x01010101u) * 0xffu);
+            const u32 sg = __vsub4(g4 ^ m, m) ^ 0x80808080u;
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[4 * half + k] = s * sbyte_f(sg, k);
+        }
+    }
     static __device__ __forceinline__ int col(int sub, int i) { return 32 * sub + i; }
 };
 

@@ -41,31 +41,35 @@ struct Iq2Xxs {
         }
         return db * s;
     }
-    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
-    // and their columns in the block.
-    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
-                                               int sub, float* v,
-                                               const u64* grid_tab) {
-        const uint2 g = __ldg(reinterpret_cast<const uint2*>(blk + 8 * sub));
-        const u32 aux = g.y;
-        const float db = h2f(__ldg(dd)) * (0.5f + (float)(aux >> 28)) * 0.25f;
+    // Run `l` of chunk `sub` (values 8l..8l+8 in `load_x` order, columns
+    // col(sub, 8l)..+8: grid entry l), for the prefill GEMM's per-lane
+    // fragments (gemm_common.cuh), in two parts: the loads (`fetch8`, issued
+    // chunks ahead) and the decode.
+    struct Raw {
+        uint2 g;
+        u16 d;
+    };
+    static __device__ __forceinline__ Raw fetch8(const u8* __restrict__ blk, const u16* __restrict__ dd, int sub,
+                                                int) {
+        return {__ldg(reinterpret_cast<const uint2*>(blk + 8 * sub)), __ldg(dd)};
+    }
+    static __device__ __forceinline__ void dec8(const Raw& r, int, int l, float* v, const u64* grid_tab) {
+        const u32 aux = r.g.y;
+        const float db = h2f(r.d) * (0.5f + (float)(aux >> 28)) * 0.25f;
+        const u64 grid = grid_tab[byte_of(r.g.x, l)];
+        const u32 code = (aux >> (7 * l)) & 127;
+        const u32 signs = code | ((__popc(code) & 1) << 7);
 #pragma unroll
-        for (int l = 0; l < 4; l++) {
-            const u64 grid = grid_tab[byte_of(g.x, l)];
-            const u32 code = (aux >> (7 * l)) & 127;
-            const u32 signs = code | ((__popc(code) & 1) << 7);
+        for (int half = 0; half < 2; half++) {
+            const u32 g4 = half ? (u32)(grid >> 32) : (u32)grid;
+            const u32 m = (((((signs >> (4 * half)) & 15u) * 0x00204081u) & 0x01010101u) * 0xffu);
+            const u32 sg = __vsub4(g4 ^ m, m) ^ 0x80808080u;
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const u32 g4 = half ? (u32)(grid >> 32) : (u32)grid;
-                const u32 m = (((((signs >> (4 * half)) & 15u) * 0x00204081u) & 0x01010101u) * 0xffu);
-                const u32 sg = __vsub4(g4 ^ m, m) ^ 0x80808080u;
-#pragma unroll
-                for (int k = 0; k < 4; k++) v[8 * l + 4 * half + k] = db * sbyte_f(sg, k);
-            }
+            for (int k = 0; k < 4; k++) v[4 * half + k] = db * sbyte_f(sg, k);
         }
     }
     // The GEMM stages the grid in shared memory (gemm_common.cuh) and
-    // passes it to `deq`.
+    // passes it to `dec8`.
     static constexpr int TABLE = 256;
     static __device__ __forceinline__ u64 table(int i) { return iq2xxs_grid[i]; }
     static __device__ __forceinline__ int col(int sub, int i) { return 32 * sub + i; }

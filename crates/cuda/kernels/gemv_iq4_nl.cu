@@ -31,22 +31,27 @@ struct Iq4Nl {
         }
         return h2f(__ldg(dd)) * s;
     }
-    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
-    // and their columns in the block.
-    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
-                                               int, float* v) {
-        const uint4 q = __ldg(reinterpret_cast<const uint4*>(blk));
-        const u32 qw[4] = {q.x, q.y, q.z, q.w};
-        const float d = h2f(__ldg(dd));
+    // Values 8r..8r+8 of the chunk in `load_x` order (columns col(sub,
+    // 8r)..+8) (low nibbles of bytes 0-7 / 8-15 for r = 0 / 1, high nibbles
+    // for 2 / 3), for the prefill GEMM's per-lane fragments (gemm_common.cuh),
+    // in two parts: the loads (`fetch8`, issued chunks ahead) and the decode.
+    struct Raw {
+        uint2 q;
+        u16 d;
+    };
+    static __device__ __forceinline__ Raw fetch8(const u8* __restrict__ blk, const u16* __restrict__ dd, int,
+                                                int r) {
+        return {__ldg(reinterpret_cast<const uint2*>(blk + 8 * (r & 1))), __ldg(dd)};
+    }
+    static __device__ __forceinline__ void dec8(const Raw& raw, int, int r, float* v) {
+        const float d = h2f(raw.d);
+        const int hi = r >> 1;
 #pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const u32 lo = iq4nl_lookup(qw[w] & 0x0f0f0f0fu) ^ 0x80808080u;
-            const u32 hi = iq4nl_lookup((qw[w] >> 4) & 0x0f0f0f0fu) ^ 0x80808080u;
+        for (int ww = 0; ww < 2; ww++) {
+            const u32 word = ww ? raw.q.y : raw.q.x;
+            const u32 lv = iq4nl_lookup((hi ? word >> 4 : word) & 0x0f0f0f0fu) ^ 0x80808080u;
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                v[4 * w + k] = d * sbyte_f(lo, k);
-                v[16 + 4 * w + k] = d * sbyte_f(hi, k);
-            }
+            for (int k = 0; k < 4; k++) v[4 * ww + k] = d * sbyte_f(lv, k);
         }
     }
     static __device__ __forceinline__ int col(int, int i) { return i; }

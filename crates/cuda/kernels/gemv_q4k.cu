@@ -56,27 +56,33 @@ struct Q4K {
         }
         return d * ((float)sc0 * sq0 + (float)sc1 * sq1) - dmin * ((float)m0 * sx0 + (float)m1 * sx1);
     }
-    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
-    // and their columns in the block: 16 of sub-block 2c, 16 of 2c+1.
-    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__,
-                                               int sub, float* v) {
+    // Values 8r..8r+8 of the chunk in `load_x` order (columns col(sub,
+    // 8r)..+8) (bytes 8(r%2).. of the chunk's 16, low nibbles of sub-block 2c
+    // for r < 2, high ones of 2c+1 after), for the prefill GEMM's per-lane
+    // fragments (gemm_common.cuh), in two parts: the loads (`fetch8`, issued
+    // chunks ahead) and the decode.
+    struct Raw {
+        uint4 h;
+        uint2 q;
+    };
+    static __device__ __forceinline__ Raw fetch8(const u8* __restrict__ blk, const u16* __restrict__, int sub,
+                                                int r) {
         const int c = sub >> 1, l0 = (sub & 1) * 16;
-        const uint4 h = __ldg(reinterpret_cast<const uint4*>(blk));
-        const uint4 q = __ldg(reinterpret_cast<const uint4*>(blk + 16 + 32 * c + l0));
-        const float d = h2f((u16)(h.x & 0xffff)), dmin = h2f((u16)(h.x >> 16));
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * c, h.y, h.z, h.w, &sc0, &m0);
-        scale_min_k4(2 * c + 1, h.y, h.z, h.w, &sc1, &m1);
-        const float a0 = d * (float)sc0, b0 = dmin * (float)m0, a1 = d * (float)sc1, b1 = dmin * (float)m1;
-        const u32 qw[4] = {q.x, q.y, q.z, q.w};
+        return {__ldg(reinterpret_cast<const uint4*>(blk)),
+                __ldg(reinterpret_cast<const uint2*>(blk + 16 + 32 * c + l0 + 8 * (r & 1)))};
+    }
+    static __device__ __forceinline__ void dec8(const Raw& raw, int sub, int r, float* v) {
+        const int c = sub >> 1, hi = r >> 1;
+        const float d = h2f((u16)(raw.h.x & 0xffff)), dmin = h2f((u16)(raw.h.x >> 16));
+        int sc, mn;
+        scale_min_k4(2 * c + hi, raw.h.y, raw.h.z, raw.h.w, &sc, &mn);
+        const float a = d * (float)sc, b = dmin * (float)mn;
 #pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const u32 lo = qw[w] & 0x0f0f0f0fu, hi = (qw[w] >> 4) & 0x0f0f0f0fu;
+        for (int w = 0; w < 2; w++) {
+            const u32 word = w ? raw.q.y : raw.q.x;
+            const u32 nib = (hi ? word >> 4 : word) & 0x0f0f0f0fu;
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                v[4 * w + k] = a0 * ubyte_f(lo, k) - b0;
-                v[16 + 4 * w + k] = a1 * ubyte_f(hi, k) - b1;
-            }
+            for (int k = 0; k < 4; k++) v[4 * w + k] = a * ubyte_f(nib, k) - b;
         }
     }
     static __device__ __forceinline__ int col(int sub, int i) {

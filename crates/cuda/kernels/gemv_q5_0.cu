@@ -43,23 +43,32 @@ struct Q50 {
         }
         return d * s;
     }
-    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
-    // and their columns in the block.
-    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ side,
-                                               int, float* v) {
-        const uint4 q = __ldg(reinterpret_cast<const uint4*>(blk));
-        const float d = h2f(__ldg(side));
-        const u32 qh = (u32)__ldg(side + 1) | ((u32)__ldg(side + 2) << 16);
-        const u32 qw[4] = {q.x, q.y, q.z, q.w};
+    // Values 8r..8r+8 of the chunk in `load_x` order (columns col(sub,
+    // 8r)..+8) (low nibbles of bytes 0-7 / 8-15 for r = 0 / 1, high nibbles
+    // for 2 / 3), for the prefill GEMM's per-lane fragments (gemm_common.cuh),
+    // in two parts: the loads (`fetch8`, issued chunks ahead) and the decode.
+    struct Raw {
+        uint2 q;
+        u32 qh;
+        u16 d;
+    };
+    static __device__ __forceinline__ Raw fetch8(const u8* __restrict__ blk, const u16* __restrict__ side, int,
+                                                int r) {
+        return {__ldg(reinterpret_cast<const uint2*>(blk + 8 * (r & 1))),
+                (u32)__ldg(side + 1) | ((u32)__ldg(side + 2) << 16), __ldg(side)};
+    }
+    static __device__ __forceinline__ void dec8(const Raw& raw, int, int r, float* v) {
+        const float d = h2f(raw.d);
+        const int hi = r >> 1;
 #pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const u32 lo = (qw[w] & 0x0f0f0f0fu) | bits_to_b4((qh >> (4 * w)) & 15u);
-            const u32 hi = ((qw[w] >> 4) & 0x0f0f0f0fu) | bits_to_b4((qh >> (16 + 4 * w)) & 15u);
+        for (int ww = 0; ww < 2; ww++) {
+            const int w = 2 * (r & 1) + ww;
+            const u32 word = ww ? raw.q.y : raw.q.x;
+            const u32 nib =
+                ((hi ? word >> 4 : word) & 0x0f0f0f0fu) | bits_to_b4((raw.qh >> (16 * hi + 4 * w)) & 15u);
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                v[4 * w + k] = d * (__int_as_float(__byte_perm(lo, 0x4B000000u, 0x7540u | (u32)k)) - 8388624.0f);
-                v[16 + 4 * w + k] = d * (__int_as_float(__byte_perm(hi, 0x4B000000u, 0x7540u | (u32)k)) - 8388624.0f);
-            }
+            for (int k = 0; k < 4; k++)
+                v[4 * ww + k] = d * (__int_as_float(__byte_perm(nib, 0x4B000000u, 0x7540u | (u32)k)) - 8388624.0f);
         }
     }
     static __device__ __forceinline__ int col(int, int i) { return i; }

@@ -49,35 +49,34 @@ struct Q6K {
         }
         return h2f(__ldg(dd)) * total;
     }
-    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
-    // and their columns in the block: 8 of each of four 32-value rows.
-    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
-                                               int sub, float* v) {
+    // Values 8j..8j+8 of the chunk in `load_x` order (columns col(sub, 8j)..+8), for the prefill
+    // GEMM's per-lane fragments (gemm_common.cuh), in two parts: the loads
+    // (`fetch8`, issued chunks ahead) and the decode.
+    struct Raw {
+        uint2 lw, qh;
+        u32 sw;
+        u16 d;
+    };
+    static __device__ __forceinline__ Raw fetch8(const u8* __restrict__ blk, const u16* __restrict__ dd, int sub,
+                                                int j) {
         const int h = sub >> 2, l0 = (sub & 3) * 8;
-        const uint2 a = __ldg(reinterpret_cast<const uint2*>(blk + 64 * h + l0));
-        const uint2 b = __ldg(reinterpret_cast<const uint2*>(blk + 64 * h + 32 + l0));
-        const uint2 qh = __ldg(reinterpret_cast<const uint2*>(blk + 128 + 32 * h + l0));
-        const uint2 sc = __ldg(reinterpret_cast<const uint2*>(blk + 192 + 8 * h));
-        const int hi = l0 >> 4;
-        const u32 lo[4] = {a.x, b.x, a.x, b.x};
-        const u32 lo2[4] = {a.y, b.y, a.y, b.y};
-        const float d = h2f(__ldg(dd));
+        const int si = 2 * j + (l0 >> 4);
+        return {__ldg(reinterpret_cast<const uint2*>(blk + 64 * h + 32 * (j & 1) + l0)),
+                __ldg(reinterpret_cast<const uint2*>(blk + 128 + 32 * h + l0)),
+                __ldg(reinterpret_cast<const u32*>(blk + 192 + 8 * h + 4 * (si >> 2))), __ldg(dd)};
+    }
+    static __device__ __forceinline__ void dec8(const Raw& r, int sub, int j, float* v) {
+        const int si = 2 * j + (((sub & 3) * 8) >> 4);
+        const float ds = h2f(r.d) * (float)(int)(signed char)((r.sw >> (8 * (si & 3))) & 0xff);
+        const int shift = j < 2 ? 0 : 4;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int shift = j < 2 ? 0 : 4;
-            const int si = 2 * j + hi;
-            const u32 sw = si < 4 ? sc.x : sc.y;
-            const float ds = d * (float)(int)(signed char)((sw >> (8 * (si & 3))) & 0xff);
+        for (int half = 0; half < 2; half++) {
+            const u32 lw = half ? r.lw.y : r.lw.x;
+            const u32 hw = half ? r.qh.y : r.qh.x;
+            const u32 q = ((lw >> shift) & 0x0f0f0f0fu) | (((hw >> (2 * j)) & 0x03030303u) << 4);
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const u32 lw = half ? lo2[j] : lo[j];
-                const u32 hw = half ? qh.y : qh.x;
-                const u32 q = ((lw >> shift) & 0x0f0f0f0fu) | (((hw >> (2 * j)) & 0x03030303u) << 4);
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-                    v[8 * j + 4 * half + k] =
-                        ds * (__int_as_float(__byte_perm(q, 0x4B000000u, 0x7540u | (u32)k)) - 8388640.0f);
-            }
+            for (int k = 0; k < 4; k++)
+                v[4 * half + k] = ds * (__int_as_float(__byte_perm(q, 0x4B000000u, 0x7540u | (u32)k)) - 8388640.0f);
         }
     }
     static __device__ __forceinline__ int col(int sub, int i) {

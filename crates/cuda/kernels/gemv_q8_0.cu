@@ -22,16 +22,21 @@ struct Q80 {
         for (int i = 0; i < 32; i++) s = fmaf(sbyte_f(qw[i >> 2] ^ 0x80808080u, i & 3), v[i], s);
         return h2f(__ldg(dd)) * s;
     }
-    // The chunk's values in `load_x` order (prefill GEMM, gemm_common.cuh)
-    // and their columns in the block.
-    static __device__ __forceinline__ void deq(const u8* __restrict__ blk, const u16* __restrict__ dd,
-                                               int, float* v) {
-        const uint4 q0 = __ldg(reinterpret_cast<const uint4*>(blk));
-        const uint4 q1 = __ldg(reinterpret_cast<const uint4*>(blk) + 1);
-        const u32 qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        const float d = h2f(__ldg(dd));
+    // Values 8r..8r+8 of the chunk in `load_x` order (columns col(sub,
+    // 8r)..+8), for the prefill GEMM's per-lane fragments (gemm_common.cuh),
+    // in two parts: the loads (`fetch8`, issued chunks ahead) and the decode.
+    struct Raw {
+        uint2 q;
+        u16 d;
+    };
+    static __device__ __forceinline__ Raw fetch8(const u8* __restrict__ blk, const u16* __restrict__ dd, int,
+                                                int r) {
+        return {__ldg(reinterpret_cast<const uint2*>(blk + 8 * r)), __ldg(dd)};
+    }
+    static __device__ __forceinline__ void dec8(const Raw& r, int, int, float* v) {
+        const float d = h2f(r.d);
 #pragma unroll
-        for (int i = 0; i < 32; i++) v[i] = d * sbyte_f(qw[i >> 2] ^ 0x80808080u, i & 3);
+        for (int i = 0; i < 8; i++) v[i] = d * sbyte_f((i < 4 ? r.q.x : r.q.y) ^ 0x80808080u, i & 3);
     }
     static __device__ __forceinline__ int col(int, int i) { return i; }
 };

@@ -10,9 +10,19 @@ use crate::layout::DeviceLayout;
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use redlite_gguf::GgmlType;
 
-/// Weight rows and activation rows of one GEMM tile (`GEMM_BM`, `GEMM_BN`;
-/// `gemm_f32` uses the same).
+/// Activation rows of one GEMM tile (`GEMM_BN`; `gemm_f32` uses the same):
+/// the routed tile lists split an expert's pairs into tiles of this many.
 pub const GEMM_TILE: usize = 64;
+
+/// Weight rows of one warp of the tensor-core GEMMs (a block of w warps
+/// covers 32 w rows).
+const GEMM_WARP_ROWS: usize = 32;
+
+/// The most warps a tensor-core GEMM block has (`GEMM_THREADS`).
+const GEMM_MAX_WARPS: usize = 4;
+
+/// Weight rows of one block of the exact f32 GEMM (`gemm_f32`).
+const GEMM_F32_ROWS: usize = 64;
 
 /// The kernel's argument struct (`GemmArgs` in `gemm_common.cuh`: same
 /// field order and types; 8-byte pointers and i64s first, the i32s last,
@@ -142,7 +152,12 @@ fn launch(
         n: n as i32,
         pad: 0,
     };
-    let threads = if name == "gemm_f32" { 256 } else { 128 };
+    let (threads, block_rows) = if name == "gemm_f32" {
+        (256, GEMM_F32_ROWS)
+    } else {
+        let warps = gemm_warps(rows, n_tiles, gpu.sms);
+        (32 * warps as u32, GEMM_WARP_ROWS * warps)
+    };
     // SAFETY: gemm_*(GemmArgs) by value (the struct mirrors the kernel's);
     // the weights hold every matrix a tile names, directly or through the
     // slot table when one is given (the callers check the tile list and
@@ -154,12 +169,25 @@ fn launch(
         gpu.launch(
             name,
             cfg(
-                ((rows as u32).div_ceil(GEMM_TILE as u32), n_tiles as u32),
+                ((rows as u32).div_ceil(block_rows as u32), n_tiles as u32),
                 threads,
             ),
             &[&args],
         )
     }
+}
+
+/// Warps of a tensor-core GEMM block: 4 (128 weight rows, the activation
+/// tile shared by the most MMAs) unless the grid would then hold fewer
+/// than 4 blocks an SM; then 2 or 1, so that small matrices (the shared
+/// expert's 512 rows, a 512-token chunk's output projections) still fill
+/// the card.
+fn gemm_warps(rows: usize, n_tiles: usize, sms: usize) -> usize {
+    let mut warps = GEMM_MAX_WARPS;
+    while warps > 1 && rows.div_ceil(GEMM_WARP_ROWS * warps) * n_tiles < 4 * sms {
+        warps /= 2;
+    }
+    warps
 }
 
 impl DeviceMatrix {
@@ -345,6 +373,24 @@ mod tests {
     /// Every (token, choice) lands in exactly one tile of its expert, the
     /// tiles of an expert are contiguous, at most 64 rows, and cover its
     /// pairs in token order.
+    #[test]
+    fn gemm_warps_keep_small_grids_filling_the_card() {
+        // H200: 132 SMs. The routed gate of a 2048-token chunk (512 rows,
+        // ~644 tiles) and a dense projection keep 4 warps a block ...
+        assert_eq!(gemm_warps(512, 644, 132), 4);
+        assert_eq!(gemm_warps(12352, 32, 132), 4);
+        // ... a 2048-row output projection of a 2048-token chunk (32
+        // tiles) 2 (1,024 blocks; 4 would give 512 < 4 x 132), the shared
+        // expert's 512 rows over 32 tiles and a 2048-row output over 8
+        // (a 512-token chunk) 1 ...
+        assert_eq!(gemm_warps(2048, 32, 132), 2);
+        assert_eq!(gemm_warps(512, 32, 132), 1);
+        assert_eq!(gemm_warps(2048, 8, 132), 1);
+        assert_eq!(gemm_warps(2048, 64, 132), 4);
+        // ... and never fewer than one.
+        assert_eq!(gemm_warps(1, 1, 132), 1);
+    }
+
     #[test]
     fn route_tiles_cover_every_pair_once() {
         let k = 2;
