@@ -1,8 +1,10 @@
 //! The batched prefill's scratch: device buffers of a chunk of up to
 //! `cap` tokens, sized from the ops, and their byte count without
 //! allocating them (the chunk size under a bounded cache is fitted to what
-//! the memory plan set aside).
+//! the memory plan set aside); and the page-locked host buffer the chunk's
+//! embedding rows go up from.
 
+use super::embed_rows::EmbedRows;
 use super::ffn::FfnOp;
 use super::proj::Proj;
 use super::stages::Op;
@@ -53,6 +55,9 @@ pub(super) struct ChunkBufs {
     pub(super) xh_tmp: CudaSlice<u16>,
     /// Device bytes of all of the above.
     pub(super) bytes: usize,
+    /// The embedding rows' host buffer (`cap * d` floats of page-locked
+    /// host memory, not in `bytes`).
+    pub(super) embed: EmbedRows,
 }
 
 fn proj_rows(p: &Proj) -> usize {
@@ -192,6 +197,7 @@ impl ChunkBufs {
             xh_in: s.alloc_zeros((cap * d).max(1))?,
             xh_tmp: s.alloc_zeros(z.tmp_halves.max(1))?,
             bytes: z.bytes(),
+            embed: EmbedRows::new(gpu, cap * d)?,
         })
     }
 }

@@ -11,6 +11,10 @@
 //! (`in_norm`: the post-mixer residual add and RMSNorm) runs before it and
 //! its next norm after its combine, each as one RMSNorm over the chunk.
 //!
+//! A chunk starts with its tokens' embedding rows, dequantized on host
+//! threads into a reused page-locked buffer and copied up asynchronously
+//! (`embed_rows`).
+//!
 //! At full expert residency every expert has its own slot; with a bounded
 //! cache (pinned host copies) the experts a chunk routes to are read from
 //! the cache's slots where resident and from a staging image the chunk
@@ -376,20 +380,12 @@ impl CudaDecoder {
             self.chunk = None;
             self.chunk = Some(ChunkBufs::new(&self.gpu, &self.ops, d, cap.max(n))?);
         }
-        // Embeddings: dequantized on the host, as the decode does.
+        // Embeddings: dequantized on the host as the decode does (the same
+        // rows), on several threads, and copied up asynchronously.
         let m = self.embd.matrix(model.file())?;
-        let mut rows = vec![0f32; n * d];
-        for (t, &tok) in tokens.iter().enumerate() {
-            ensure!(
-                (tok as usize) < m.rows,
-                "token {tok} outside the vocabulary"
-            );
-            m.dequantize_row(tok as usize, &mut rows[t * d..(t + 1) * d])?;
-        }
         let gpu = &self.gpu;
         let cb = self.chunk.as_mut().context("chunk buffers")?;
-        gpu.stream
-            .memcpy_htod(&rows, &mut cb.x.slice_mut(0..n * d))?;
+        cb.embed.upload(gpu, &m, tokens, &cb.x)?;
         let pos0 = self.pos;
         let ChunkBufs {
             x: cx,
@@ -452,7 +448,7 @@ impl CudaDecoder {
                 }
             };
         }
-        lap!("embedding rows (host) + upload", 0);
+        lap!("embedding rows (host threads) + upload", 0);
         for (i, op) in self.ops.iter().enumerate() {
             match op {
                 Op::Norm { w, eps, add_mix } => {
