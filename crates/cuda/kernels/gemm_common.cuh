@@ -53,6 +53,7 @@ struct GemmArgs {
     const u16* xh;
     const int* gather;
     float* y;
+    const int* n_tiles_dev;  // the tile count, written on the device (null: the grid's)
     long long ldx;
     long long ldy;
     int rows;
@@ -75,6 +76,7 @@ struct gemm_table<T, decltype(void(T::TABLE))> {
 
 template <class T>
 __device__ __forceinline__ void gemm_body(const GemmArgs& a) {
+    if (a.n_tiles_dev && (int)blockIdx.y >= __ldg(a.n_tiles_dev)) return;
     __shared__ __align__(16) u16 As[GEMM_BM * GEMM_LDS];
     __shared__ __align__(16) u16 Bs[GEMM_BN * GEMM_LDS];
     // Float offset of each activation row of the tile (-1: past its end).

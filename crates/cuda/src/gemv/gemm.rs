@@ -16,7 +16,8 @@ pub const GEMM_TILE: usize = 64;
 
 /// The kernel's argument struct (`GemmArgs` in `gemm_common.cuh`: same
 /// field order and types; 8-byte pointers and i64s first, the i32s last,
-/// padded to a multiple of 8 bytes).
+/// padded to a multiple of 8 bytes). `n_tiles_dev`: where a tile list
+/// built on the device keeps its count (0: the grid's y is the count).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GemmArgs {
@@ -28,6 +29,7 @@ pub struct GemmArgs {
     pub xh: u64,
     pub gather: u64,
     pub y: u64,
+    pub n_tiles_dev: u64,
     pub ldx: i64,
     pub ldy: i64,
     pub rows: i32,
@@ -58,6 +60,22 @@ pub struct GemmOut {
     pub ldy: usize,
 }
 
+/// How many tiles of a tile list in device memory a grouped GEMM runs.
+#[derive(Clone, Copy, Debug)]
+pub enum TileCount<'a> {
+    /// Known on the host (the list was built there): the grid runs them.
+    Host(usize),
+    /// Written to `count[0]` on the device by the kernel that built the
+    /// list ([`crate::ops::route_tiles_device`]), before the GEMM on the
+    /// same stream: the grid runs `bound` tiles (the most the list can
+    /// have) and the blocks past the count return at once, so the host
+    /// never waits to learn it.
+    Device {
+        count: &'a CudaSlice<i32>,
+        bound: usize,
+    },
+}
+
 /// Which kernel multiplies a matrix of `ty`: the tensor-core kernel of its
 /// format, or for F32 either the exact SIMT kernel (`exact`: routers) or
 /// the f16 one.
@@ -79,7 +97,7 @@ pub fn gemm_kernel(ty: GgmlType, exact: bool) -> Result<&'static str> {
 }
 
 /// One launch: the matrix (or stack) at `w`, `tiles` either the device
-/// tile list and its length or None (one matrix, `n` rows in tiles of 64).
+/// tile list and its count or None (one matrix, `n` rows in tiles of 64).
 #[allow(clippy::too_many_arguments)]
 fn launch(
     gpu: &Gpu,
@@ -90,7 +108,7 @@ fn launch(
     slots: u64,
     rows: usize,
     cols: usize,
-    tiles: Option<(&CudaSlice<i32>, usize)>,
+    tiles: Option<(&CudaSlice<i32>, TileCount)>,
     n: usize,
     input: GemmIn,
     out: GemmOut,
@@ -113,12 +131,23 @@ fn launch(
         "gemm: the exact f32 kernel reads f32 activations"
     );
     ensure!(rows >= 1 && rows <= i32::MAX as usize && nb <= i32::MAX as usize);
-    let n_tiles = match tiles {
-        Some((t, len)) => {
+    // The grid's tiles, and where the kernel reads how many of them run.
+    let (n_tiles, count) = match tiles {
+        Some((t, TileCount::Host(len))) => {
             ensure!(t.len() >= 3 * len, "gemm: short tile list");
-            len
+            (len, 0)
         }
-        None => n.div_ceil(GEMM_TILE),
+        Some((t, TileCount::Device { count, bound })) => {
+            ensure!(t.len() >= 3 * bound, "gemm: short tile list");
+            ensure!(!count.is_empty(), "gemm: no tile count word");
+            // gemm_f32 (the routers' exact kernel) has no such early exit.
+            ensure!(
+                !exact,
+                "gemm: the exact f32 kernel takes no device tile count"
+            );
+            (bound, dptr(gpu, Some(count)))
+        }
+        None => (n.div_ceil(GEMM_TILE), 0),
     };
     if n_tiles == 0 {
         return Ok(());
@@ -135,6 +164,7 @@ fn launch(
         xh: if input.f16 { input.x } else { 0 },
         gather: input.gather.unwrap_or(0),
         y: out.y,
+        n_tiles_dev: count,
         ldx: input.ldx as i64,
         ldy: out.ldy as i64,
         rows: rows as i32,
@@ -149,7 +179,10 @@ fn launch(
     // the table's entries against the buffer), x holds every row the tiles (or n)
     // read, through gather where given, of ldx >= cols floats, y every
     // row they write of ldy >= rows floats (the callers' contract, checked
-    // against their buffer sizes); all on `gpu.stream`.
+    // against their buffer sizes); all on `gpu.stream`. With a device
+    // count the list holds `bound` triples (checked above) and its builder
+    // writes at most that many and a count <= bound (route_tiles.cu); the
+    // blocks past the count return before reading a tile.
     unsafe {
         gpu.launch(
             name,
@@ -193,14 +226,14 @@ impl DeviceMatrix {
 impl ExpertStack {
     /// `y[p] = W_e x[gather[p]]` for every tile (e, p0, p1) of `tiles`
     /// (`n_tiles` of them; expert e's matrix in slot e: full residency).
-    /// `max_expert`: the largest expert id the tiles name (checked by the
-    /// caller that built them on the host).
+    /// `max_expert`: the largest expert id the tiles name (from the host's
+    /// list, or the layer's last expert for a list built on the device).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_grouped(
         &self,
         gpu: &Gpu,
         tiles: &CudaSlice<i32>,
-        n_tiles: usize,
+        n_tiles: TileCount,
         max_expert: usize,
         n_pairs: usize,
         input: GemmIn,
@@ -261,7 +294,7 @@ impl ExpertStack {
             dptr(gpu, Some(table)),
             self.rows,
             self.cols,
-            Some((tiles, n_tiles)),
+            Some((tiles, TileCount::Host(n_tiles))),
             n_pairs,
             input,
             out,
@@ -328,18 +361,19 @@ pub struct RouteTiles {
 mod tests {
     use super::*;
 
-    /// The struct the kernel reads by value: 8 pointers, 2 i64, 4 i32 =
-    /// 96 bytes, fields at the offsets C gives the same declaration.
+    /// The struct the kernel reads by value: 9 pointers, 2 i64, 4 i32 =
+    /// 104 bytes, fields at the offsets C gives the same declaration.
     #[test]
     fn gemm_args_layout_matches_the_kernel_struct() {
-        assert_eq!(std::mem::size_of::<GemmArgs>(), 96);
+        assert_eq!(std::mem::size_of::<GemmArgs>(), 104);
         assert_eq!(std::mem::align_of::<GemmArgs>(), 8);
         let a = GemmArgs::default();
         let base = &a as *const GemmArgs as usize;
         assert_eq!(&a.xh as *const u64 as usize - base, 40);
-        assert_eq!(&a.ldx as *const i64 as usize - base, 64);
-        assert_eq!(&a.rows as *const i32 as usize - base, 80);
-        assert_eq!(&a.pad as *const i32 as usize - base, 92);
+        assert_eq!(&a.n_tiles_dev as *const u64 as usize - base, 64);
+        assert_eq!(&a.ldx as *const i64 as usize - base, 72);
+        assert_eq!(&a.rows as *const i32 as usize - base, 88);
+        assert_eq!(&a.pad as *const i32 as usize - base, 100);
     }
 
     /// Every (token, choice) lands in exactly one tile of its expert, the
