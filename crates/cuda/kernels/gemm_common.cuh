@@ -65,12 +65,13 @@ struct GemmArgs {
     const u16* xh;
     const int* gather;
     float* y;
+    const int* n_tiles_dev;  // the tile count, written on the device (null: the grid's)
     long long ldx;
     long long ldy;
     int rows;
     int nb;
     int n;
-    int pad;
+    int ksplit;  // warps a 32-row group's K is split over: 1 or 4 (gemm_body)
 };
 
 // Entries of the format's codebook staged into shared memory (0: none;
@@ -83,6 +84,18 @@ struct gemm_table {
 template <class T>
 struct gemm_table<T, decltype(void(T::TABLE))> {
     static constexpr int n = T::TABLE;
+};
+
+// The block's shared memory (declared once in the kernel: each of its two
+// bodies would otherwise get its own).
+template <class T>
+struct GemmSmem {
+    // Two steps of activations, [chunk][row][run] pieces of 8 values.
+    uint4 Bs[2][GEMM_BPIECES];
+    // Element offset of each activation row of the tile (-1: past its end).
+    long long xoff[GEMM_BN];
+    // The codebook, for the formats that have one.
+    u64 stab[gemm_table<T>::n > 0 ? gemm_table<T>::n : 1];
 };
 
 // The tile's activations of step `step` into `dst` ([chunk][row][run]
@@ -123,13 +136,18 @@ __device__ __forceinline__ void gemm_load_a(const u8* base, const u16* dd, const
     }
 }
 
-template <class T>
-__device__ __forceinline__ void gemm_body(const GemmArgs& a) {
-    __shared__ __align__(16) uint4 Bs[2][GEMM_BPIECES];
-    // Element offset of each activation row of the tile (-1: past its end).
-    __shared__ long long xoff[GEMM_BN];
+// KS = 1: a block of W = blockDim.x / 32 warps covers 32 W rows, each warp
+// every chunk of its 32. KS = 4 (small grids: the launch's choice): the
+// block's 4 warps share 32 rows and each takes one chunk of every step,
+// their sums added through shared memory at the end: 4x the warps of a
+// KS = 1 grid of 4-warp blocks, with no weight dequantized twice.
+template <class T, int KS>
+__device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
+    if (a.n_tiles_dev && (int)blockIdx.y >= __ldg(a.n_tiles_dev)) return;
+    uint4 (&Bs)[2][GEMM_BPIECES] = sm.Bs;
+    long long* xoff = sm.xoff;
     constexpr int NTAB = gemm_table<T>::n;
-    __shared__ __align__(16) u64 stab[NTAB > 0 ? NTAB : 1];
+    u64* stab = sm.stab;
     // Weight loads in flight ahead of their chunk's MMAs: 3 chunks for the
     // formats whose loads fit in 16 bytes a row, else 1 (a ring of 4 or 2
     // entries: a divisor of the 4 chunks of a step, so every entry's index
@@ -153,8 +171,11 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
     // A block of W warps covers 32 W rows (W = blockDim.x / 32, chosen by
-    // the launch so that small grids still fill the card).
-    const int wr = blockIdx.x * blockDim.x + warp * 32;
+    // the launch so that small grids still fill the card), or 32 (KS = 4).
+    const int wr = KS == 1 ? blockIdx.x * blockDim.x + warp * 32 : blockIdx.x * 32;
+    // KS = 4: this warp's chunk of each step, and its weights' prefetch
+    // distance (the next step's chunk).
+    const int kpart = KS == 1 ? 0 : warp;
     const int nchunks = a.nb * T::LPB;
     const int nsteps = (nchunks + 3) / 4;
     // This lane's rows (mi*16 + hr*8 + g of the warp's 32, index 2 mi + hr):
@@ -184,8 +205,12 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a) {
         for (int i = tid; i < NTAB; i += blockDim.x) stab[i] = T::table(i);
     }
     Raw ring[RING][4];
+    if constexpr (KS == 1) {
 #pragma unroll
-    for (int k = 0; k < AHEAD; k++) gemm_load_a<T>(base, dd, rowblk, k, nchunks, c, ring[k]);
+        for (int k = 0; k < AHEAD; k++) gemm_load_a<T>(base, dd, rowblk, k, nchunks, c, ring[k]);
+    } else {
+        gemm_load_a<T>(base, dd, rowblk, kpart, nchunks, c, ring[0]);
+    }
     __syncthreads();
     gemm_load_b<T>(a, xoff, 0, nchunks, Bs[0]);
     cp_async_commit();
@@ -198,12 +223,18 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a) {
         __syncthreads();
         const uint4* bs = Bs[s & 1];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int jj = 0; jj < (KS == 1 ? 4 : 1); jj++) {
+            const int j = KS == 1 ? jj : kpart;
             const int ch = s * 4 + j;
             if (ch >= nchunks) break;
-            // Chunk ch's weights were loaded AHEAD chunks ago, into entry
-            // ch % RING = j % RING; chunk ch + AHEAD's go out now.
-            gemm_load_a<T>(base, dd, rowblk, ch + AHEAD, nchunks, c, ring[(j + AHEAD) % RING]);
+            // KS = 1: chunk ch's weights were loaded AHEAD chunks ago, into
+            // entry ch % RING = j % RING; chunk ch + AHEAD's go out now.
+            // KS = 4: entry 0 holds this step's chunk; the next step's goes
+            // to entry 1 and moves down after the MMAs.
+            if constexpr (KS == 1)
+                gemm_load_a<T>(base, dd, rowblk, ch + AHEAD, nchunks, c, ring[(j + AHEAD) % RING]);
+            else
+                gemm_load_a<T>(base, dd, rowblk, ch + 4, nchunks, c, ring[1]);
             const int sub = ch % T::LPB;
             // A fragments of the chunk's two k16 MMAs: [m16 tile][mma][reg]
             // (regs 0/1: rows g / g+8 at the MMA's k 2c, 2c+1; regs 2/3:
@@ -214,10 +245,11 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a) {
             for (int r = 0; r < 4; r++) {
                 const int mi = r >> 1, hr = r & 1;
                 float v[8];
+                const Raw& raw = ring[KS == 1 ? j % RING : 0][r];
                 if constexpr (NTAB > 0)
-                    T::dec8(ring[j % RING][r], sub, c, v, stab);
+                    T::dec8(raw, sub, c, v, stab);
                 else
-                    T::dec8(ring[j % RING][r], sub, c, v);
+                    T::dec8(raw, sub, c, v);
                 const float z = rowok[r] ? 1.0f : 0.0f;
                 af[mi][0][hr] = pack_h2(z * v[0], z * v[1]);
                 af[mi][0][2 + hr] = pack_h2(z * v[2], z * v[3]);
@@ -236,9 +268,38 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a) {
                     mma_16816(acc[mi][nt], af[mi][1], b1);
                 }
             }
+            if constexpr (KS == 4) {
+#pragma unroll
+                for (int r = 0; r < 4; r++) ring[0][r] = ring[1][r];
+            }
         }
         // Every warp is done with this buffer before step s + 2 fills it.
         __syncthreads();
+    }
+    if constexpr (KS == 4) {
+        // Warps 1-3 leave their partial sums in the activation buffers
+        // (free now: the loop ended on a barrier), lane-minor, and warp 0
+        // adds them and stores.
+        float* red = reinterpret_cast<float*>(&Bs[0][0]);
+        if (warp > 0) {
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        red[(((warp - 1) * 64) + (mi * 8 + nt) * 4 + e) * 32 + lane] = acc[mi][nt][e];
+        }
+        __syncthreads();
+        if (warp > 0) return;
+#pragma unroll
+        for (int w = 0; w < 3; w++)
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[mi][nt][e] += red[((w * 64) + (mi * 8 + nt) * 4 + e) * 32 + lane];
     }
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
@@ -255,5 +316,9 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a) {
 #define GEMM_KERNEL(NAME, T)                                                          \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS) NAME(const GemmArgs a) { \
         PDL_PROLOGUE();                                                               \
-        gemm_body<T>(a);                                                              \
+        __shared__ __align__(16) GemmSmem<T> sm;                                      \
+        if (a.ksplit == 4)                                                            \
+            gemm_body<T, 4>(a, sm);                                                   \
+        else                                                                          \
+            gemm_body<T, 1>(a, sm);                                                   \
     }

@@ -172,8 +172,9 @@ fn probes() -> Vec<Probe> {
             c_struct: "GemmArgs",
             size: size_of::<GemmArgs>(),
             fields: fields!(GemmArgs; "w" = w, "mat_bytes" = mat_bytes, "slots" = slots,
-                "tiles" = tiles, "x" = x, "xh" = xh, "gather" = gather, "y" = y, "ldx" = ldx,
-                "ldy" = ldy, "rows" = rows, "nb" = nb, "n" = n, "pad" = pad),
+                "tiles" = tiles, "x" = x, "xh" = xh, "gather" = gather, "y" = y,
+                "n_tiles_dev" = n_tiles_dev, "ldx" = ldx, "ldy" = ldy, "rows" = rows, "nb" = nb,
+                "n" = n, "ksplit" = ksplit),
         },
     ]
 }

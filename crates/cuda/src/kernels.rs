@@ -204,6 +204,11 @@ pub const FILES: &[KernelFile] = &[
         kernels: &["router_topk", "router_gemv_topk", "router_topk_chunk"],
     },
     KernelFile {
+        name: "route_tiles.cu",
+        source: kernel_dir!("route_tiles.cu"),
+        kernels: &["route_tiles"],
+    },
+    KernelFile {
         name: "elementwise.cu",
         source: kernel_dir!("elementwise.cu"),
         kernels: &[

@@ -75,6 +75,48 @@ pub fn random_weights(l: &DeviceLayout, rows: usize, cols: usize, rng: &mut Rng)
     out
 }
 
+/// A chunk's top-k as the router writes it: `n` tokens, each `k`
+/// distinct experts of `n_expert` in ascending order, token after token.
+/// Each `(e, c)` of `fixed` is chosen by exactly `c` tokens (at random);
+/// the other choices are drawn from the experts not in `fixed`.
+pub fn random_routes(
+    rng: &mut Rng,
+    n: usize,
+    k: usize,
+    n_expert: usize,
+    fixed: &[(u32, usize)],
+) -> Vec<u32> {
+    assert!(
+        fixed.len() <= k && n_expert >= fixed.len() + k,
+        "{} fixed experts, k {k} of {n_expert}",
+        fixed.len()
+    );
+    let mut sets = vec![Vec::with_capacity(k); n];
+    let mut order: Vec<usize> = (0..n).collect();
+    for &(e, c) in fixed {
+        assert!(
+            c <= n && (e as usize) < n_expert,
+            "expert {e} by {c} of {n} tokens"
+        );
+        // The first c of a fresh shuffle of the tokens.
+        for i in 0..c {
+            let r = i + rng.below(n - i);
+            order.swap(i, r);
+            sets[order[i]].push(e);
+        }
+    }
+    for set in &mut sets {
+        while set.len() < k {
+            let e = rng.below(n_expert) as u32;
+            if !set.contains(&e) && !fixed.iter().any(|f| f.0 == e) {
+                set.push(e);
+            }
+        }
+        set.sort_unstable();
+    }
+    sets.concat()
+}
+
 pub fn random_vec(n: usize, rng: &mut Rng) -> Vec<f32> {
     (0..n).map(|_| rng.uniform()).collect()
 }

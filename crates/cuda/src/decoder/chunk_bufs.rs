@@ -1,14 +1,15 @@
 //! The batched prefill's scratch: device buffers of a chunk of up to
 //! `cap` tokens, sized from the ops, and their byte count without
 //! allocating them (the chunk size under a bounded cache is fitted to what
-//! the memory plan set aside).
+//! the memory plan set aside); and the page-locked host buffer the chunk's
+//! embedding rows go up from.
 
+use super::embed_rows::EmbedRows;
 use super::ffn::FfnOp;
 use super::proj::Proj;
 use super::stages::Op;
 use crate::device::Gpu;
 use crate::error::Result;
-use crate::gemv::GEMM_TILE;
 use crate::ops;
 use cudarc::driver::CudaSlice;
 
@@ -47,12 +48,18 @@ pub(super) struct ChunkBufs {
     /// and in `tiles_staged` the staged ones.
     pub(super) tiles: CudaSlice<i32>,
     pub(super) tiles_staged: CudaSlice<i32>,
+    /// One word: the tile count of a list built on the device (full
+    /// residency).
+    pub(super) n_tiles: CudaSlice<i32>,
     /// The normed rows as f16 (the projections' and experts' input), and
     /// a second input's (attention or DeltaNet output, SwiGLU output).
     pub(super) xh_in: CudaSlice<u16>,
     pub(super) xh_tmp: CudaSlice<u16>,
     /// Device bytes of all of the above.
     pub(super) bytes: usize,
+    /// The embedding rows' host buffer (`cap * d` floats of page-locked
+    /// host memory, not in `bytes`).
+    pub(super) embed: EmbedRows,
 }
 
 fn proj_rows(p: &Proj) -> usize {
@@ -129,7 +136,9 @@ impl Sizes {
             // The experts' down outputs and the DeltaNet WY blocks share
             // one buffer (a layer uses one or the other).
             pair_d: (np * d).max(wy),
-            n_tiles: np.div_ceil(GEMM_TILE) + tiles,
+            // The most tiles any layer's list can have (built on the host
+            // or the device alike).
+            n_tiles: ops::max_route_tiles(np, tiles),
             tmp_halves: (cap * qo.max(raw).max(ff)).max(np * pff),
             staged_tiles: cached,
         }
@@ -144,7 +153,8 @@ impl Sizes {
             + self.np * 2 * self.pff
             + self.pair_d;
         let staged = if self.staged_tiles { self.n_tiles } else { 1 };
-        let words = 2 * cap * self.kmax + 2 * self.pre + 2 * self.np + 3 * (self.n_tiles + staged);
+        let words =
+            2 * cap * self.kmax + 2 * self.pre + 2 * self.np + 3 * (self.n_tiles + staged) + 1;
         let halves = cap * d + self.tmp_halves;
         4 * (floats + words) + 2 * halves
     }
@@ -189,9 +199,11 @@ impl ChunkBufs {
             pair_of: s.alloc_zeros(np.max(1))?,
             tiles: s.alloc_zeros(3 * z.n_tiles.max(1))?,
             tiles_staged: s.alloc_zeros(3 * staged)?,
+            n_tiles: s.alloc_zeros(1)?,
             xh_in: s.alloc_zeros((cap * d).max(1))?,
             xh_tmp: s.alloc_zeros(z.tmp_halves.max(1))?,
             bytes: z.bytes(),
+            embed: EmbedRows::new(gpu, cap * d)?,
         })
     }
 }

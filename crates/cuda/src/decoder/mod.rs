@@ -32,6 +32,7 @@
 mod attn;
 mod capture;
 mod chunk_bufs;
+mod embed_rows;
 mod ffn;
 mod files;
 mod fusion;

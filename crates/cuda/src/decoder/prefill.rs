@@ -11,11 +11,25 @@
 //! (`in_norm`: the post-mixer residual add and RMSNorm) runs before it and
 //! its next norm after its combine, each as one RMSNorm over the chunk.
 //!
-//! At full expert residency every expert has its own slot; with a bounded
-//! cache (pinned host copies) the experts a chunk routes to are read from
-//! the cache's slots where resident and from a staging image the chunk
-//! uploads once otherwise (`prefill_moe`, `crate::prefill_experts`). With
-//! misses read from the file the sequence runs prompts token by token.
+//! A chunk starts with its tokens' embedding rows, dequantized on host
+//! threads into a reused page-locked buffer and copied up asynchronously
+//! (`embed_rows`). Each MoE layer's routed experts run as grouped GEMMs
+//! over a tile list: the chunk's (token, expert) pairs sorted by expert in
+//! tiles of at most 64, with the gather list (each pair's token) and each
+//! (token, choice)'s pair for the combine.
+//!
+//! At full expert residency every expert has its own slot, and the tile
+//! list is built on the device from the top-k (`ops::route_tiles_device`),
+//! its count left in device memory: the grouped GEMMs' grids cover the
+//! most tiles the list can have and the blocks past the count return at
+//! once, so the host issues the whole chunk without waiting for the
+//! device. With a bounded cache (pinned host copies) the top-k comes to
+//! the host, whose expert set decides the staging: the host builds the
+//! same lists (`gemv::route_tiles`) and uploads them, and the experts a
+//! chunk routes to are read from the cache's slots where resident and from
+//! a staging image the chunk uploads once otherwise (`prefill_moe`,
+//! `crate::prefill_experts`). With misses read from the file the sequence
+//! runs prompts token by token.
 
 pub(super) use super::chunk_bufs::ChunkBufs;
 use super::ffn::FfnOp;
@@ -25,7 +39,7 @@ use super::stages::{head_int8, Op};
 use super::CudaDecoder;
 use crate::device::Gpu;
 use crate::error::{ensure, Context, Result};
-use crate::gemv::{route_tiles, GemmIn, GemmOut};
+use crate::gemv::{route_tiles, GemmIn, GemmOut, TileCount};
 use crate::ops::{self, GdnChunkScratch, GdnForm, GdnWeights, Rows, SharedRows};
 use crate::prefill_experts::{distinct, fit_chunk, upload_all_ahead};
 use crate::sequence::MIN_BATCHED_PREFILL;
@@ -142,6 +156,16 @@ fn run_proj(
         at += n * m.rows;
     }
     Ok(ProjOut { groups })
+}
+
+/// Where a MoE layer's routed tiles are for its grouped GEMMs.
+enum Routes {
+    /// Built on the host and split between the bounded cache's slots and
+    /// the staging image.
+    Staged(super::prefill_moe::Split),
+    /// Built on the device ([`ops::route_tiles_device`]), the count in
+    /// `ChunkBufs::n_tiles`, at most `bound`.
+    Device { bound: usize },
 }
 
 /// The FFN scratch of a chunk.
@@ -376,20 +400,12 @@ impl CudaDecoder {
             self.chunk = None;
             self.chunk = Some(ChunkBufs::new(&self.gpu, &self.ops, d, cap.max(n))?);
         }
-        // Embeddings: dequantized on the host, as the decode does.
+        // Embeddings: dequantized on the host as the decode does (the same
+        // rows), on several threads, and copied up asynchronously.
         let m = self.embd.matrix(model.file())?;
-        let mut rows = vec![0f32; n * d];
-        for (t, &tok) in tokens.iter().enumerate() {
-            ensure!(
-                (tok as usize) < m.rows,
-                "token {tok} outside the vocabulary"
-            );
-            m.dequantize_row(tok as usize, &mut rows[t * d..(t + 1) * d])?;
-        }
         let gpu = &self.gpu;
         let cb = self.chunk.as_mut().context("chunk buffers")?;
-        gpu.stream
-            .memcpy_htod(&rows, &mut cb.x.slice_mut(0..n * d))?;
+        cb.embed.upload(gpu, &m, tokens, &cb.x)?;
         let pos0 = self.pos;
         let ChunkBufs {
             x: cx,
@@ -413,6 +429,7 @@ impl CudaDecoder {
             pair_of,
             tiles,
             tiles_staged,
+            n_tiles,
             pre_slots,
             pre_experts,
             pre_weights,
@@ -452,7 +469,7 @@ impl CudaDecoder {
                 }
             };
         }
-        lap!("embedding rows (host) + upload", 0);
+        lap!("embedding rows (host threads) + upload", 0);
         for (i, op) in self.ops.iter().enumerate() {
             match op {
                 Op::Norm { w, eps, add_mix } => {
@@ -602,38 +619,58 @@ impl CudaDecoder {
                         _ => None,
                     };
                     lap!("MoE: router GEMM (f32) + top-k", 1 + m.router.groups.len());
-                    gpu.sync()?;
-                    let experts = gpu.stream.clone_dtoh(&cexperts.slice(0..n * x.k))?;
+                    let np = n * x.k;
+                    let bounded = x.cache.is_some();
+                    let routes = if bounded {
+                        // The staging needs the chunk's expert set on the
+                        // host: the routing comes down, the tiles go back.
+                        let st = staging
+                            .as_deref_mut()
+                            .context("a bounded cache's prefill without staging")?;
+                        gpu.sync()?;
+                        let experts = gpu.stream.clone_dtoh(&cexperts.slice(0..np))?;
+                        let rt = route_tiles(&experts, x.k, x.n_expert)?;
+                        gpu.stream
+                            .memcpy_htod(&rt.gather, &mut gather.slice_mut(0..np))?;
+                        gpu.stream
+                            .memcpy_htod(&rt.pair_of, &mut pair_of.slice_mut(0..np))?;
+                        let want = distinct(&experts, x.n_expert)?;
+                        let split = st.prepare(
+                            gpu,
+                            x,
+                            &want,
+                            &rt.tiles,
+                            [&mut *tiles, &mut *tiles_staged],
+                        )?;
+                        Routes::Staged(split)
+                    } else {
+                        // Every expert in its slot: the tile list is built
+                        // on the device, and the host goes on issuing the
+                        // layer without waiting for the routing.
+                        let out = ops::DeviceRoutes {
+                            tiles: &*tiles,
+                            gather: &*gather,
+                            pair_of: &*pair_of,
+                            count: &*n_tiles,
+                        };
+                        let bound =
+                            ops::route_tiles_device(gpu, cexperts, np, x.k, x.n_expert, &out)?;
+                        Routes::Device { bound }
+                    };
+                    // Pre-gating's predictions, for the uploads after this
+                    // layer's GEMMs.
                     let predicted = match &pre {
                         Some((_, len)) => Some(gpu.stream.clone_dtoh(&pre_experts.slice(0..*len))?),
                         None => None,
                     };
-                    let rt = route_tiles(&experts, x.k, x.n_expert)?;
-                    let np = n * x.k;
-                    gpu.stream
-                        .memcpy_htod(&rt.gather, &mut gather.slice_mut(0..np))?;
-                    gpu.stream
-                        .memcpy_htod(&rt.pair_of, &mut pair_of.slice_mut(0..np))?;
-                    let bounded = x.cache.is_some();
-                    let split = match staging.as_deref_mut() {
-                        Some(st) if bounded => {
-                            let want = distinct(&experts, x.n_expert)?;
-                            Some(st.prepare(
-                                gpu,
-                                x,
-                                &want,
-                                &rt.tiles,
-                                [&mut *tiles, &mut *tiles_staged],
-                            )?)
-                        }
-                        _ => {
-                            ensure!(!bounded, "a bounded cache's prefill without staging");
-                            gpu.stream
-                                .memcpy_htod(&rt.tiles, &mut tiles.slice_mut(0..rt.tiles.len()))?;
-                            None
-                        }
-                    };
-                    lap!("MoE: routes to the host, tiles back (+ staging)", 0);
+                    lap!(
+                        if bounded {
+                            "MoE: routes to the host, tiles back + staging"
+                        } else {
+                            "MoE: route tiles on the device"
+                        },
+                        (!bounded) as usize
+                    );
                     let ff = x.gate.rows;
                     let gather_in = GemmIn {
                         gather: Some(crate::device::dptr(gpu, Some(&*gather))),
@@ -647,12 +684,14 @@ impl CudaDecoder {
                     let st_ref = staging.as_deref();
                     // One projection of the routed experts over the chunk's
                     // pairs: at full residency one launch over the tile
-                    // list; under a bounded cache one over the resident
-                    // tiles and one over the staged (disjoint pair rows).
+                    // list (its count on the device); under a bounded cache
+                    // one over the resident tiles and one over the staged
+                    // (disjoint pair rows).
                     let routed = |p: usize, input: GemmIn, out: GemmOut| -> Result<()> {
                         let stack = [&x.gate, &x.up, &x.down][p];
-                        match (&split, st_ref) {
-                            (Some(sp), Some(st)) => {
+                        match &routes {
+                            Routes::Staged(sp) => {
+                                let st = st_ref.context("staging")?;
                                 for (at, t, nt) in
                                     st.sources(x, sp, p, [&*tiles, &*tiles_staged])?
                                 {
@@ -660,11 +699,14 @@ impl CudaDecoder {
                                 }
                                 Ok(())
                             }
-                            _ => stack.gemm_grouped(
+                            Routes::Device { bound } => stack.gemm_grouped(
                                 gpu,
                                 tiles,
-                                rt.tiles.len() / 3,
-                                rt.max_expert,
+                                TileCount::Device {
+                                    count: n_tiles,
+                                    bound: *bound,
+                                },
+                                x.n_expert - 1,
                                 np,
                                 input,
                                 out,
@@ -719,9 +761,13 @@ impl CudaDecoder {
                     if let Some((w, eps, _)) = &m.next_norm {
                         ops::rms_norm(gpu, cx, None, w, Some(ch), None, n, d, *eps, false)?;
                     }
-                    // The host reads these lists again for the next layer:
-                    // the copies above must be done before they change.
-                    gpu.sync()?;
+                    // Under a bounded cache the host reads these lists again
+                    // for the next layer: the copies above must be done
+                    // before they change. At full residency nothing the
+                    // host holds is in flight.
+                    if bounded {
+                        gpu.sync()?;
+                    }
                     lap!("MoE: combine + next RMSNorm", 2);
                 }
                 Op::Dense(f) => {

@@ -18,15 +18,16 @@ pub const GEMM_TILE: usize = 64;
 /// covers 32 w rows).
 const GEMM_WARP_ROWS: usize = 32;
 
-/// The most warps a tensor-core GEMM block has (`GEMM_THREADS`).
-const GEMM_MAX_WARPS: usize = 4;
+/// Warps of a tensor-core GEMM block (`GEMM_THREADS`).
+const GEMM_WARPS: usize = 4;
 
 /// Weight rows of one block of the exact f32 GEMM (`gemm_f32`).
 const GEMM_F32_ROWS: usize = 64;
 
 /// The kernel's argument struct (`GemmArgs` in `gemm_common.cuh`: same
 /// field order and types; 8-byte pointers and i64s first, the i32s last,
-/// padded to a multiple of 8 bytes).
+/// padded to a multiple of 8 bytes). `n_tiles_dev`: where a tile list
+/// built on the device keeps its count (0: the grid's y is the count).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GemmArgs {
@@ -38,12 +39,13 @@ pub struct GemmArgs {
     pub xh: u64,
     pub gather: u64,
     pub y: u64,
+    pub n_tiles_dev: u64,
     pub ldx: i64,
     pub ldy: i64,
     pub rows: i32,
     pub nb: i32,
     pub n: i32,
-    pub pad: i32,
+    pub ksplit: i32,
 }
 
 // SAFETY: a plain `#[repr(C)]` struct of integers, passed to the kernel by
@@ -68,6 +70,22 @@ pub struct GemmOut {
     pub ldy: usize,
 }
 
+/// How many tiles of a tile list in device memory a grouped GEMM runs.
+#[derive(Clone, Copy, Debug)]
+pub enum TileCount<'a> {
+    /// Known on the host (the list was built there): the grid runs them.
+    Host(usize),
+    /// Written to `count[0]` on the device by the kernel that built the
+    /// list ([`crate::ops::route_tiles_device`]), before the GEMM on the
+    /// same stream: the grid runs `bound` tiles (the most the list can
+    /// have) and the blocks past the count return at once, so the host
+    /// never waits to learn it.
+    Device {
+        count: &'a CudaSlice<i32>,
+        bound: usize,
+    },
+}
+
 /// Which kernel multiplies a matrix of `ty`: the tensor-core kernel of its
 /// format, or for F32 either the exact SIMT kernel (`exact`: routers) or
 /// the f16 one.
@@ -89,7 +107,7 @@ pub fn gemm_kernel(ty: GgmlType, exact: bool) -> Result<&'static str> {
 }
 
 /// One launch: the matrix (or stack) at `w`, `tiles` either the device
-/// tile list and its length or None (one matrix, `n` rows in tiles of 64).
+/// tile list and its count or None (one matrix, `n` rows in tiles of 64).
 #[allow(clippy::too_many_arguments)]
 fn launch(
     gpu: &Gpu,
@@ -100,7 +118,7 @@ fn launch(
     slots: u64,
     rows: usize,
     cols: usize,
-    tiles: Option<(&CudaSlice<i32>, usize)>,
+    tiles: Option<(&CudaSlice<i32>, TileCount)>,
     n: usize,
     input: GemmIn,
     out: GemmOut,
@@ -123,12 +141,23 @@ fn launch(
         "gemm: the exact f32 kernel reads f32 activations"
     );
     ensure!(rows >= 1 && rows <= i32::MAX as usize && nb <= i32::MAX as usize);
-    let n_tiles = match tiles {
-        Some((t, len)) => {
+    // The grid's tiles, and where the kernel reads how many of them run.
+    let (n_tiles, count) = match tiles {
+        Some((t, TileCount::Host(len))) => {
             ensure!(t.len() >= 3 * len, "gemm: short tile list");
-            len
+            (len, 0)
         }
-        None => n.div_ceil(GEMM_TILE),
+        Some((t, TileCount::Device { count, bound })) => {
+            ensure!(t.len() >= 3 * bound, "gemm: short tile list");
+            ensure!(!count.is_empty(), "gemm: no tile count word");
+            // gemm_f32 (the routers' exact kernel) has no such early exit.
+            ensure!(
+                !exact,
+                "gemm: the exact f32 kernel takes no device tile count"
+            );
+            (bound, dptr(gpu, Some(count)))
+        }
+        None => (n.div_ceil(GEMM_TILE), 0),
     };
     if n_tiles == 0 {
         return Ok(());
@@ -145,18 +174,24 @@ fn launch(
         xh: if input.f16 { input.x } else { 0 },
         gather: input.gather.unwrap_or(0),
         y: out.y,
+        n_tiles_dev: count,
         ldx: input.ldx as i64,
         ldy: out.ldy as i64,
         rows: rows as i32,
         nb: nb as i32,
         n: n as i32,
-        pad: 0,
+        ksplit: 1,
     };
-    let (threads, block_rows) = if name == "gemm_f32" {
-        (256, GEMM_F32_ROWS)
+    let (threads, block_rows, args) = if name == "gemm_f32" {
+        (256, GEMM_F32_ROWS, args)
     } else {
-        let warps = gemm_warps(rows, n_tiles, gpu.sms);
-        (32 * warps as u32, GEMM_WARP_ROWS * warps)
+        let ksplit = gemm_ksplit(rows, n_tiles, gpu.sms);
+        let block_rows = GEMM_WARP_ROWS * GEMM_WARPS / ksplit;
+        let args = GemmArgs {
+            ksplit: ksplit as i32,
+            ..args
+        };
+        (32 * GEMM_WARPS as u32, block_rows, args)
     };
     // SAFETY: gemm_*(GemmArgs) by value (the struct mirrors the kernel's);
     // the weights hold every matrix a tile names, directly or through the
@@ -164,7 +199,10 @@ fn launch(
     // the table's entries against the buffer), x holds every row the tiles (or n)
     // read, through gather where given, of ldx >= cols floats, y every
     // row they write of ldy >= rows floats (the callers' contract, checked
-    // against their buffer sizes); all on `gpu.stream`.
+    // against their buffer sizes); all on `gpu.stream`. With a device
+    // count the list holds `bound` triples (checked above) and its builder
+    // writes at most that many and a count <= bound (route_tiles.cu); the
+    // blocks past the count return before reading a tile.
     unsafe {
         gpu.launch(
             name,
@@ -177,17 +215,19 @@ fn launch(
     }
 }
 
-/// Warps of a tensor-core GEMM block: 4 (128 weight rows, the activation
-/// tile shared by the most MMAs) unless the grid would then hold fewer
-/// than 4 blocks an SM; then 2 or 1, so that small matrices (the shared
-/// expert's 512 rows, a 512-token chunk's output projections) still fill
-/// the card.
-fn gemm_warps(rows: usize, n_tiles: usize, sms: usize) -> usize {
-    let mut warps = GEMM_MAX_WARPS;
-    while warps > 1 && rows.div_ceil(GEMM_WARP_ROWS * warps) * n_tiles < 4 * sms {
-        warps /= 2;
+/// How many warps share a 32-row group of a tensor-core GEMM block (its
+/// K split between them, `gemm_body`'s KS): 1 (4 groups, 128 weight rows
+/// a block: the activation tile shared by the most MMAs) unless the grid
+/// would then hold fewer than 4 blocks an SM; then 4, so that small
+/// matrices (the shared expert's 512 rows, a 512-token chunk's output
+/// projections) still keep every SM's schedulers busy without any weight
+/// dequantized twice.
+fn gemm_ksplit(rows: usize, n_tiles: usize, sms: usize) -> usize {
+    if rows.div_ceil(GEMM_WARP_ROWS * GEMM_WARPS) * n_tiles < 4 * sms {
+        GEMM_WARPS
+    } else {
+        1
     }
-    warps
 }
 
 impl DeviceMatrix {
@@ -221,14 +261,14 @@ impl DeviceMatrix {
 impl ExpertStack {
     /// `y[p] = W_e x[gather[p]]` for every tile (e, p0, p1) of `tiles`
     /// (`n_tiles` of them; expert e's matrix in slot e: full residency).
-    /// `max_expert`: the largest expert id the tiles name (checked by the
-    /// caller that built them on the host).
+    /// `max_expert`: the largest expert id the tiles name (from the host's
+    /// list, or the layer's last expert for a list built on the device).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_grouped(
         &self,
         gpu: &Gpu,
         tiles: &CudaSlice<i32>,
-        n_tiles: usize,
+        n_tiles: TileCount,
         max_expert: usize,
         n_pairs: usize,
         input: GemmIn,
@@ -289,7 +329,7 @@ impl ExpertStack {
             dptr(gpu, Some(table)),
             self.rows,
             self.cols,
-            Some((tiles, n_tiles)),
+            Some((tiles, TileCount::Host(n_tiles))),
             n_pairs,
             input,
             out,
@@ -356,39 +396,38 @@ pub struct RouteTiles {
 mod tests {
     use super::*;
 
-    /// The struct the kernel reads by value: 8 pointers, 2 i64, 4 i32 =
-    /// 96 bytes, fields at the offsets C gives the same declaration.
+    /// The struct the kernel reads by value: 9 pointers, 2 i64, 4 i32 =
+    /// 104 bytes, fields at the offsets C gives the same declaration.
     #[test]
     fn gemm_args_layout_matches_the_kernel_struct() {
-        assert_eq!(std::mem::size_of::<GemmArgs>(), 96);
+        assert_eq!(std::mem::size_of::<GemmArgs>(), 104);
         assert_eq!(std::mem::align_of::<GemmArgs>(), 8);
         let a = GemmArgs::default();
         let base = &a as *const GemmArgs as usize;
         assert_eq!(&a.xh as *const u64 as usize - base, 40);
-        assert_eq!(&a.ldx as *const i64 as usize - base, 64);
-        assert_eq!(&a.rows as *const i32 as usize - base, 80);
-        assert_eq!(&a.pad as *const i32 as usize - base, 92);
+        assert_eq!(&a.n_tiles_dev as *const u64 as usize - base, 64);
+        assert_eq!(&a.ldx as *const i64 as usize - base, 72);
+        assert_eq!(&a.rows as *const i32 as usize - base, 88);
+        assert_eq!(&a.ksplit as *const i32 as usize - base, 100);
     }
 
     /// Every (token, choice) lands in exactly one tile of its expert, the
     /// tiles of an expert are contiguous, at most 64 rows, and cover its
     /// pairs in token order.
     #[test]
-    fn gemm_warps_keep_small_grids_filling_the_card() {
+    fn gemm_ksplit_keeps_small_grids_filling_the_card() {
         // H200: 132 SMs. The routed gate of a 2048-token chunk (512 rows,
-        // ~644 tiles) and a dense projection keep 4 warps a block ...
-        assert_eq!(gemm_warps(512, 644, 132), 4);
-        assert_eq!(gemm_warps(12352, 32, 132), 4);
-        // ... a 2048-row output projection of a 2048-token chunk (32
-        // tiles) 2 (1,024 blocks; 4 would give 512 < 4 x 132), the shared
-        // expert's 512 rows over 32 tiles and a 2048-row output over 8
-        // (a 512-token chunk) 1 ...
-        assert_eq!(gemm_warps(2048, 32, 132), 2);
-        assert_eq!(gemm_warps(512, 32, 132), 1);
-        assert_eq!(gemm_warps(2048, 8, 132), 1);
-        assert_eq!(gemm_warps(2048, 64, 132), 4);
-        // ... and never fewer than one.
-        assert_eq!(gemm_warps(1, 1, 132), 1);
+        // ~644 tiles), a dense projection and a 2048-row output over 64
+        // tiles keep one warp a row group ...
+        assert_eq!(gemm_ksplit(512, 644, 132), 1);
+        assert_eq!(gemm_ksplit(12352, 32, 132), 1);
+        assert_eq!(gemm_ksplit(2048, 64, 132), 1);
+        // ... a 2048-row output of a 2048-token chunk (512 blocks < 4 x
+        // 132), the shared expert's 512 rows over 32 tiles and a single
+        // row split K four ways.
+        assert_eq!(gemm_ksplit(2048, 32, 132), 4);
+        assert_eq!(gemm_ksplit(512, 32, 132), 4);
+        assert_eq!(gemm_ksplit(1, 1, 132), 4);
     }
 
     #[test]

@@ -10,7 +10,9 @@ use redlite_gguf::GgmlType;
 mod experts;
 mod gemm;
 pub use experts::{expert_image, ExpertStack};
-pub use gemm::{gemm_kernel, route_tiles, GemmArgs, GemmIn, GemmOut, RouteTiles, GEMM_TILE};
+pub use gemm::{
+    gemm_kernel, route_tiles, GemmArgs, GemmIn, GemmOut, RouteTiles, TileCount, GEMM_TILE,
+};
 
 /// Warps per thread block (`GEMV_WARPS` in `kernels/gemv_common.cuh`).
 pub const GEMV_WARPS: u32 = 4;

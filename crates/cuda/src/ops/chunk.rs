@@ -499,7 +499,8 @@ pub fn moe_combine_chunk(
     };
     // SAFETY: moe_combine_chunk(MoeCombineChunkArgs) by value (the struct
     // mirrors the kernel's); pair holds indices < n_pairs (built on the
-    // host by route_tiles), the rest checked above.
+    // host by route_tiles, or on the device by route_tiles.cu, whose every
+    // write of pair_of is below n_pairs), the rest checked above.
     unsafe {
         gpu.launch(
             "moe_combine_chunk",

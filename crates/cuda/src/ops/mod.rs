@@ -1,10 +1,11 @@
 //! Launch wrappers of the decode kernels other than the GEMVs: RMSNorm,
 //! the attention input (norm + RoPE + KV append), split-K grouped decode
 //! attention and its merge, the fused Gated DeltaNet step, the router
-//! top-k and the element-wise helpers. Each checks the sizes it can see and
-//! passes raw device pointers (the kernels take plain pointers; buffers
-//! live on the one stream of [`Gpu`], so no cross-stream ordering is
-//! needed, see `device.rs`).
+//! top-k and the element-wise helpers; and the prefill's chunk kernels
+//! and its routed tile list built on the device. Each checks the sizes it
+//! can see and passes raw device pointers (the kernels take plain
+//! pointers; buffers live on the one stream of [`Gpu`], so no
+//! cross-stream ordering is needed, see `device.rs`).
 //!
 //! The float64 references of every kernel are in [`crate::reference`].//!
 //! One module per kernel file (`kernels/<name>.cu`); the GEMVs are in
@@ -18,6 +19,7 @@ mod deltanet;
 mod elementwise;
 mod gdn_wy;
 mod norm;
+mod route;
 mod router;
 
 pub use attention::{
@@ -38,6 +40,10 @@ pub use deltanet::{gdn_step, GdnDims, GdnWeights, GDN_THREADS};
 pub use elementwise::{add_inplace, moe_combine, swiglu, MoeCombineNormArgs, NextNorm};
 pub use gdn_wy::{wy_scratch_floats, wy_state_kernel, wy_state_smem_bytes, GdnWyArgs, GDN_SUB};
 pub use norm::{rms_norm, v8_block, RmsNormArgs};
+pub use route::{
+    max_route_tiles, route_tiles_device, route_warps, DeviceRoutes, ROUTE_MAX_EXPERT,
+    ROUTE_MAX_TOKENS,
+};
 pub use router::{
     router_gemv_topk, router_gemv_topk_fits, router_in_norm_fits, router_topk, InNorm, Route,
     RouterGemvArgs, ROUTER_MAX_N,

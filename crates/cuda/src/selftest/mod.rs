@@ -7,6 +7,7 @@ pub mod attention;
 pub mod chunk;
 pub mod expert_cache;
 pub mod ops;
+pub mod routes;
 
 use crate::device::Gpu;
 use crate::error::Result;
@@ -355,7 +356,7 @@ pub fn print(gpu: &Gpu, rows: &[Worst]) -> bool {
         );
     }
     println!(
-        "rel err = max|gpu - f64 ref| / max|ref| per case (the f16 prefill GEMMs: max over outputs of |gpu - ref| / sum|w x|); cases include routed-expert launches (slots, shared and per-expert x). int8-activation kernels (*_q8*): ref on x as quantized by quantize_q8_32 (gate {REL_TOL:e}), and on the f32 x (gate {Q8_VS_F32_TOL:e}); quantize_q8_32: abs = worst |q - q_cpu| (<= 1), rel = worst d difference"
+        "rel err = max|gpu - f64 ref| / max|ref| per case (the f16 prefill GEMMs: max over outputs of |gpu - ref| / sum|w x|); cases include routed-expert launches (slots, shared and per-expert x). int8-activation kernels (*_q8*): ref on x as quantized by quantize_q8_32 (gate {REL_TOL:e}), and on the f32 x (gate {Q8_VS_F32_TOL:e}); quantize_q8_32: abs = worst |q - q_cpu| (<= 1), rel = worst d difference; route_tiles: abs = wrong entries of the worst case (0 passes)"
     );
     all
 }
