@@ -106,6 +106,15 @@ pub fn gemm_kernel(ty: GgmlType, exact: bool) -> Result<&'static str> {
     })
 }
 
+/// How a tensor-core GEMM launch splits a 32-row group's K over warps
+/// (`gemm_body`'s KS): from the grid's size ([`gemm_ksplit`]), or forced
+/// to 1 or 4 (the selftest runs both bodies on every shape).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KSplit {
+    Auto,
+    Force(usize),
+}
+
 /// One launch: the matrix (or stack) at `w`, `tiles` either the device
 /// tile list and its count or None (one matrix, `n` rows in tiles of 64).
 #[allow(clippy::too_many_arguments)]
@@ -122,6 +131,7 @@ fn launch(
     n: usize,
     input: GemmIn,
     out: GemmOut,
+    split: KSplit,
 ) -> Result<()> {
     let nb = layout.blocks_per_row(cols)?;
     ensure!(
@@ -185,7 +195,13 @@ fn launch(
     let (threads, block_rows, args) = if name == "gemm_f32" {
         (256, GEMM_F32_ROWS, args)
     } else {
-        let ksplit = gemm_ksplit(rows, n_tiles, gpu.sms);
+        let ksplit = match split {
+            KSplit::Auto => gemm_ksplit(rows, n_tiles, gpu.sms),
+            KSplit::Force(k) => {
+                ensure!(k == 1 || k == GEMM_WARPS, "gemm: K split {k}");
+                k
+            }
+        };
         let block_rows = GEMM_WARP_ROWS * GEMM_WARPS / ksplit;
         let args = GemmArgs {
             ksplit: ksplit as i32,
@@ -218,12 +234,16 @@ fn launch(
 /// How many warps share a 32-row group of a tensor-core GEMM block (its
 /// K split between them, `gemm_body`'s KS): 1 (4 groups, 128 weight rows
 /// a block: the activation tile shared by the most MMAs) unless the grid
-/// would then hold fewer than 4 blocks an SM; then 4, so that small
-/// matrices (the shared expert's 512 rows, a 512-token chunk's output
-/// projections) still keep every SM's schedulers busy without any weight
-/// dequantized twice.
+/// would then leave SMs without a block; then 4, so that small matrices
+/// (the shared expert's 512 rows, a 512-token chunk's output projections)
+/// still reach every SM without any weight dequantized twice. (At fewer
+/// than 4 blocks an SM, 4 lost on the H200: a 2048-token chunk's 2048-row
+/// DeltaNet output projections took 9.78 us a prompt token at KS 4, 5.65
+/// in 4-warp blocks of 128 rows (this kernel's first form, without the
+/// weight prefetch); each KS 4 block stages the whole activation tile for
+/// a quarter of the rows.)
 fn gemm_ksplit(rows: usize, n_tiles: usize, sms: usize) -> usize {
-    if rows.div_ceil(GEMM_WARP_ROWS * GEMM_WARPS) * n_tiles < 4 * sms {
+    if rows.div_ceil(GEMM_WARP_ROWS * GEMM_WARPS) * n_tiles < sms {
         GEMM_WARPS
     } else {
         1
@@ -241,6 +261,19 @@ impl DeviceMatrix {
         input: GemmIn,
         out: GemmOut,
     ) -> Result<()> {
+        self.gemm_split(gpu, exact, n, input, out, KSplit::Auto)
+    }
+
+    /// [`Self::gemm`] with the K split given.
+    pub fn gemm_split(
+        &self,
+        gpu: &Gpu,
+        exact: bool,
+        n: usize,
+        input: GemmIn,
+        out: GemmOut,
+        split: KSplit,
+    ) -> Result<()> {
         launch(
             gpu,
             &self.layout,
@@ -254,6 +287,7 @@ impl DeviceMatrix {
             n,
             input,
             out,
+            split,
         )
     }
 }
@@ -274,6 +308,31 @@ impl ExpertStack {
         input: GemmIn,
         out: GemmOut,
     ) -> Result<()> {
+        self.gemm_grouped_split(
+            gpu,
+            tiles,
+            n_tiles,
+            max_expert,
+            n_pairs,
+            input,
+            out,
+            KSplit::Auto,
+        )
+    }
+
+    /// [`Self::gemm_grouped`] with the K split given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_grouped_split(
+        &self,
+        gpu: &Gpu,
+        tiles: &CudaSlice<i32>,
+        n_tiles: TileCount,
+        max_expert: usize,
+        n_pairs: usize,
+        input: GemmIn,
+        out: GemmOut,
+        split: KSplit,
+    ) -> Result<()> {
         ensure!(
             max_expert < self.n_slots,
             "gemm: expert {max_expert} of {} slots",
@@ -292,6 +351,7 @@ impl ExpertStack {
             n_pairs,
             input,
             out,
+            split,
         )
     }
 
@@ -333,6 +393,7 @@ impl ExpertStack {
             n_pairs,
             input,
             out,
+            KSplit::Auto,
         )
     }
 }
@@ -417,16 +478,17 @@ mod tests {
     #[test]
     fn gemm_ksplit_keeps_small_grids_filling_the_card() {
         // H200: 132 SMs. The routed gate of a 2048-token chunk (512 rows,
-        // ~644 tiles), a dense projection and a 2048-row output over 64
-        // tiles keep one warp a row group ...
+        // ~644 tiles), a dense projection and 2048-row outputs over 64 or
+        // 32 tiles keep one warp a row group ...
         assert_eq!(gemm_ksplit(512, 644, 132), 1);
         assert_eq!(gemm_ksplit(12352, 32, 132), 1);
         assert_eq!(gemm_ksplit(2048, 64, 132), 1);
-        // ... a 2048-row output of a 2048-token chunk (512 blocks < 4 x
-        // 132), the shared expert's 512 rows over 32 tiles and a single
-        // row split K four ways.
-        assert_eq!(gemm_ksplit(2048, 32, 132), 4);
+        assert_eq!(gemm_ksplit(2048, 32, 132), 1);
+        // ... the shared expert's 512 rows over 32 tiles (128 blocks <
+        // 132), a 2048-row output of a 512-token chunk and a single row
+        // split K four ways.
         assert_eq!(gemm_ksplit(512, 32, 132), 4);
+        assert_eq!(gemm_ksplit(2048, 8, 132), 4);
         assert_eq!(gemm_ksplit(1, 1, 132), 4);
     }
 

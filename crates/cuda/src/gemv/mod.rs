@@ -11,7 +11,7 @@ mod experts;
 mod gemm;
 pub use experts::{expert_image, ExpertStack};
 pub use gemm::{
-    gemm_kernel, route_tiles, GemmArgs, GemmIn, GemmOut, RouteTiles, TileCount, GEMM_TILE,
+    gemm_kernel, route_tiles, GemmArgs, GemmIn, GemmOut, KSplit, RouteTiles, TileCount, GEMM_TILE,
 };
 
 /// Warps per thread block (`GEMV_WARPS` in `kernels/gemv_common.cuh`).

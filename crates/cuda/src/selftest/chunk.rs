@@ -9,7 +9,7 @@
 use super::ops::{down, nan, scaled, up};
 use crate::device::{dptr, Gpu};
 use crate::error::Result;
-use crate::gemv::{route_tiles, DeviceMatrix, ExpertStack, GemmIn, GemmOut, TileCount};
+use crate::gemv::{route_tiles, DeviceMatrix, ExpertStack, GemmIn, GemmOut, KSplit, TileCount};
 use crate::layout::{layout, GEMV_TYPES};
 use crate::ops::{
     self, f16_round, AttnDims, GdnChunkScratch, GdnDims, GdnForm, GdnWeights, KvCache, KvType, Rows,
@@ -89,7 +89,18 @@ fn gemm(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                 (130, 2048, 129),
                 (64, 896.max(qk) / qk * qk, 64),
             ];
-            for (rows, cols, n) in shapes {
+            // Both bodies of the tensor-core kernels on every shape: one
+            // warp a 32-row group, and K split over four (the launch picks
+            // one by the grid's size).
+            let splits: &[KSplit] = if exact {
+                &[KSplit::Auto]
+            } else {
+                &[KSplit::Force(1), KSplit::Force(4)]
+            };
+            for (&split, (rows, cols, n)) in splits
+                .iter()
+                .flat_map(|s| shapes.iter().map(move |sh| (s, *sh)))
+            {
                 if !cols.is_multiple_of(l.qk) {
                     continue;
                 }
@@ -101,7 +112,7 @@ fn gemm(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                 let xd = up(gpu, &x)?;
                 let ldy = rows + 3;
                 let yd = nan(gpu, n * ldy)?;
-                m.gemm(
+                m.gemm_split(
                     gpu,
                     exact,
                     n,
@@ -115,6 +126,7 @@ fn gemm(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                         y: dptr(gpu, Some(&yd)),
                         ldy,
                     },
+                    split,
                 )?;
                 let y = down(gpu, &yd)?;
                 if !exact {
@@ -124,7 +136,7 @@ fn gemm(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                     let xh = gpu.stream.alloc_zeros::<u16>(n * cols)?;
                     let xin = ops::to_f16_rows(gpu, Rows::new(&xd, 0, ldx), n, cols, &xh)?;
                     let yh = nan(gpu, n * ldy)?;
-                    m.gemm(
+                    m.gemm_split(
                         gpu,
                         false,
                         n,
@@ -138,6 +150,7 @@ fn gemm(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                             y: dptr(gpu, Some(&yh)),
                             ldy,
                         },
+                        split,
                     )?;
                     let yh = down(gpu, &yh)?;
                     let differ = (0..n)
@@ -170,7 +183,8 @@ fn gemm(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
                 }
             }
             if !exact {
-                grouped(gpu, ty, rng, &mut w)?;
+                grouped(gpu, ty, rng, &mut w, KSplit::Force(1))?;
+                grouped(gpu, ty, rng, &mut w, KSplit::Force(4))?;
             }
             out.push(w);
         }
@@ -184,7 +198,7 @@ fn gemm(gpu: &Gpu, rng: &mut Rng, out: &mut Vec<Worst>) -> Result<()> {
 /// (its count in device memory, the grid over the bound, the tiles past
 /// the count poisoned with one that would overwrite pairs 0..64 with an
 /// expert no pair has).
-fn grouped(gpu: &Gpu, ty: GgmlType, rng: &mut Rng, w: &mut Worst) -> Result<()> {
+fn grouped(gpu: &Gpu, ty: GgmlType, rng: &mut Rng, w: &mut Worst, split: KSplit) -> Result<()> {
     let l = layout(ty)?;
     let (rows, cols, n_slots, k, n) = (96, 2 * l.qk.max(256), 12, 3, 70);
     let mut stack = ExpertStack::new(gpu, ty, rows, cols, n_slots)?;
@@ -207,7 +221,7 @@ fn grouped(gpu: &Gpu, ty: GgmlType, rng: &mut Rng, w: &mut Worst) -> Result<()> 
     let (xd, td, gd) = (up(gpu, &x)?, up(gpu, &rt.tiles)?, up(gpu, &rt.gather)?);
     let np = n * k;
     let yd = nan(gpu, np * rows)?;
-    stack.gemm_grouped(
+    stack.gemm_grouped_split(
         gpu,
         &td,
         TileCount::Host(rt.tiles.len() / 3),
@@ -223,13 +237,14 @@ fn grouped(gpu: &Gpu, ty: GgmlType, rng: &mut Rng, w: &mut Worst) -> Result<()> 
             y: dptr(gpu, Some(&yd)),
             ldy: rows,
         },
+        split,
     )?;
     let y = down(gpu, &yd)?;
     // Again from f16 rows converted on the device (the prefill's path).
     let xh = gpu.stream.alloc_zeros::<u16>(n * cols)?;
     let xin = ops::to_f16_rows(gpu, Rows::new(&xd, 0, cols), n, cols, &xh)?;
     let yh = nan(gpu, np * rows)?;
-    stack.gemm_grouped(
+    stack.gemm_grouped_split(
         gpu,
         &td,
         TileCount::Host(rt.tiles.len() / 3),
@@ -245,6 +260,7 @@ fn grouped(gpu: &Gpu, ty: GgmlType, rng: &mut Rng, w: &mut Worst) -> Result<()> 
             y: dptr(gpu, Some(&yh)),
             ldy: rows,
         },
+        split,
     )?;
     let yh = down(gpu, &yh)?;
     let bound = ops::max_route_tiles(np, n_slots);
@@ -263,7 +279,7 @@ fn grouped(gpu: &Gpu, ty: GgmlType, rng: &mut Rng, w: &mut Worst) -> Result<()> 
     };
     let bound = ops::route_tiles_device(gpu, &ed, np, k, n_slots, &routes)?;
     let yv = nan(gpu, np * rows)?;
-    stack.gemm_grouped(
+    stack.gemm_grouped_split(
         gpu,
         &tdd,
         TileCount::Device { count: &cdd, bound },
@@ -279,6 +295,7 @@ fn grouped(gpu: &Gpu, ty: GgmlType, rng: &mut Rng, w: &mut Worst) -> Result<()> 
             y: dptr(gpu, Some(&yv)),
             ldy: rows,
         },
+        split,
     )?;
     let yv = down(gpu, &yv)?;
     let pair_of_dev = gpu.stream.clone_dtoh(&pdd)?;
