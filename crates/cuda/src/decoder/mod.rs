@@ -40,6 +40,7 @@ mod gdn;
 mod moe;
 mod prefill;
 mod prefill_moe;
+mod prefill_profile;
 mod proj;
 mod stages;
 

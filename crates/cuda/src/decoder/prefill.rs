@@ -34,6 +34,7 @@
 pub(super) use super::chunk_bufs::ChunkBufs;
 use super::ffn::FfnOp;
 use super::prefill_moe::Staging;
+use super::prefill_profile::Laps;
 use super::proj::Proj;
 use super::stages::{head_int8, Op};
 use super::CudaDecoder;
@@ -47,37 +48,6 @@ use cudarc::driver::CudaSlice;
 use redlite_gguf::GgmlType;
 use redlite_model::blocks::deltanet::L2_EPS;
 use redlite_model::Model;
-
-/// Host-timed laps of a profiled prefill: the stream is drained after each
-/// step and its wall time added to the step's class.
-pub(super) struct Laps {
-    last: std::time::Instant,
-    pub(super) rows: Vec<(&'static str, f64, usize)>,
-}
-
-impl Laps {
-    fn new() -> Self {
-        Self {
-            last: std::time::Instant::now(),
-            rows: Vec::new(),
-        }
-    }
-
-    fn lap(&mut self, gpu: &Gpu, label: &'static str, launches: usize) -> Result<()> {
-        gpu.sync()?;
-        let now = std::time::Instant::now();
-        let us = (now - self.last).as_secs_f64() * 1e6;
-        self.last = now;
-        match self.rows.iter_mut().find(|r| r.0 == label) {
-            Some(r) => {
-                r.1 += us;
-                r.2 += launches;
-            }
-            None => self.rows.push((label, us, launches)),
-        }
-        Ok(())
-    }
-}
 
 /// A projection's outputs for a chunk: per group, where its rows start in
 /// the scratch and how wide they are.
@@ -286,7 +256,7 @@ impl CudaDecoder {
 
     /// Before a prefill's first chunk: the staging images learn where the
     /// experts sit in the cache's slots now.
-    fn begin_prefill(&mut self) -> Result<()> {
+    pub(super) fn begin_prefill(&mut self) -> Result<()> {
         if let Some(st) = self.prefill_staging.as_mut() {
             st.begin(&self.gpu, &self.ops)?;
         }
@@ -294,7 +264,7 @@ impl CudaDecoder {
     }
 
     /// After a prefill's last chunk: the copy stream is done too.
-    fn end_prefill(&self) -> Result<()> {
+    pub(super) fn end_prefill(&self) -> Result<()> {
         self.gpu.sync()?;
         if let Some(st) = &self.prefill_staging {
             st.sync()?;
@@ -336,53 +306,7 @@ impl CudaDecoder {
         Ok(out)
     }
 
-    /// Where a prompt's time goes: `tokens` prefilled from the current
-    /// position with the stream drained after each step (host-timed), then
-    /// again without; µs per prompt token by step class.
-    pub fn profile_prefill(
-        &mut self,
-        model: &Model,
-        tokens: &[u32],
-    ) -> Result<super::TokenProfile> {
-        ensure!(
-            self.batched_prefill(),
-            "the prefill profile needs the batched prefill"
-        );
-        let chunk = self.prefill_chunk;
-        let pos0 = self.pos;
-        let n = tokens.len() as f64;
-        let mut laps = Some(Laps::new());
-        let t0 = std::time::Instant::now();
-        self.begin_prefill()?;
-        let mut res = Ok(());
-        for part in tokens.chunks(chunk) {
-            res = self.run_chunk(model, part, chunk, None, &mut laps);
-            if res.is_err() {
-                break;
-            }
-        }
-        let end = self.end_prefill();
-        res?;
-        end?;
-        let total_us = t0.elapsed().as_secs_f64() * 1e6 / n;
-        self.set_pos(pos0)?;
-        let t1 = std::time::Instant::now();
-        self.prefill(model, tokens, false)?;
-        let plain_us = t1.elapsed().as_secs_f64() * 1e6 / n;
-        let rows = laps
-            .map(|l| l.rows)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(label, us, k)| (label, us / n, k))
-            .collect();
-        Ok(super::TokenProfile {
-            rows,
-            total_us,
-            plain_us,
-        })
-    }
-
-    fn run_chunk(
+    pub(super) fn run_chunk(
         &mut self,
         model: &Model,
         tokens: &[u32],
