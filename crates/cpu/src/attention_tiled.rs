@@ -100,10 +100,27 @@ struct Scratch {
     l: Vec<f32>,
     /// Unnormalised output rows.
     o: Vec<f32>,
+    /// The current key block transposed: `kt[c * TILE_KEYS + j]` is
+    /// dimension c of key j (zero past the block's keys).
+    kt: Vec<f32>,
+    /// Scores, then probabilities, of the current block: `TILE_KEYS` a row.
+    p: Vec<f32>,
+    /// Each row's rescale factor for the current block.
+    corr: Vec<f32>,
 }
+
+/// Rows a micro-kernel call takes (its accumulators: 4 rows x 16 keys or
+/// dimensions, 8 of the 16 AVX2 registers).
+const MICRO_ROWS: usize = 4;
 
 /// Every KV head of one task: rows (token, query head of the group),
 /// token-major; the output `o` holds the task's tokens (all heads).
+///
+/// Per key block the scores are a small matrix product, rows x keys,
+/// against the block's keys transposed once (broadcast query values times
+/// 16 keys at a time: no horizontal sums), and the output update another,
+/// rows x head dim, over the block's value rows (broadcast probabilities
+/// times 16 dimensions): 4 rows share every key and value load.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2(t: &Task, sc: &mut Scratch, out: &mut [f32]) {
@@ -115,6 +132,16 @@ unsafe fn tile_avx2(t: &Task, sc: &mut Scratch, out: &mut [f32]) {
     let rows = t.nt * group;
     // Keys 0 .. the position of the task's last token.
     let n_keys = t.pos0 + t.t0 + t.nt;
+    // Query row r: token t0 + r / group, head g * group + r % group; the
+    // rows of one token are consecutive heads, so row r of KV head g
+    // starts at ((t0 + r / group) * n_head + g * group + r % group) * hd.
+    let q_at = |g: usize, r: usize| ((t.t0 + r / group) * n_head + g * group + r % group) * hd;
+    sc.kt.clear();
+    sc.kt.resize(hd * TILE_KEYS, 0.0);
+    sc.p.clear();
+    sc.p.resize(rows * TILE_KEYS, 0.0);
+    sc.corr.clear();
+    sc.corr.resize(rows, 1.0);
     for g in 0..s.n_kv_head {
         sc.m.clear();
         sc.m.resize(rows, f32::NEG_INFINITY);
@@ -126,58 +153,64 @@ unsafe fn tile_avx2(t: &Task, sc: &mut Scratch, out: &mut [f32]) {
         let vg = &t.v[g * hd..];
         for kb in (0..n_keys).step_by(TILE_KEYS) {
             let ke = (kb + TILE_KEYS).min(n_keys);
-            for r in 0..rows {
-                let tok = t.t0 + r / group;
-                let h = g * group + r % group;
-                // Row `r` sees positions 0 ..= pos0 + tok.
-                let n_pos = t.pos0 + tok + 1;
-                if kb >= n_pos {
-                    continue;
+            let n = ke - kb;
+            let n16 = n.next_multiple_of(16);
+            // The block's keys transposed (zeros past n: their scores are
+            // masked below).
+            for j in 0..n16 {
+                for c in 0..hd {
+                    sc.kt[c * TILE_KEYS + j] = if j < n {
+                        kg[(kb + j) * stride + c]
+                    } else {
+                        0.0
+                    };
                 }
-                let end = ke.min(n_pos);
-                let qr = &t.q[(tok * n_head + h) * hd..][..hd];
-                // Scores of keys kb..end, four at a time (one combined
-                // horizontal sum), -inf past `end`.
-                let mut scores = [f32::NEG_INFINITY; TILE_KEYS];
-                let mut j = kb;
-                while j < end {
-                    let m4 = (end - j).min(4);
-                    let mut acc = [_mm256_setzero_ps(); 4];
-                    for c in (0..hd).step_by(8) {
-                        // SAFETY: `c + 8 <= hd`; key rows j..j+m4 are below
-                        // n_keys <= pos0 + n_tok, inside the checked cache
-                        // (rows past m4 re-read the last one).
-                        let qv = _mm256_loadu_ps(qr.as_ptr().add(c));
-                        for (u, a) in acc.iter_mut().enumerate() {
-                            let p = j + u.min(m4 - 1);
-                            *a = _mm256_fmadd_ps(
-                                qv,
-                                _mm256_loadu_ps(kg.as_ptr().add(p * stride + c)),
-                                *a,
-                            );
+            }
+            // Scores of every row, MICRO_ROWS rows at a time.
+            let mut r0 = 0;
+            while r0 < rows {
+                let rr = (rows - r0).min(MICRO_ROWS);
+                let mut qp = [0usize; MICRO_ROWS];
+                for (i, x) in qp.iter_mut().enumerate() {
+                    *x = q_at(g, r0 + i.min(rr - 1));
+                }
+                for j0 in (0..n16).step_by(16) {
+                    // SAFETY: q rows are whole rows of the checked q
+                    // (c < hd); kt holds hd x TILE_KEYS values and j0 + 16
+                    // <= n16 <= TILE_KEYS; p holds rows x TILE_KEYS.
+                    let mut acc = [[_mm256_setzero_ps(); 2]; MICRO_ROWS];
+                    for c in 0..hd {
+                        let kt = sc.kt.as_ptr().add(c * TILE_KEYS + j0);
+                        let (k0, k1) = (_mm256_loadu_ps(kt), _mm256_loadu_ps(kt.add(8)));
+                        for (a, &qr) in acc.iter_mut().zip(&qp) {
+                            let b = _mm256_broadcast_ss(&*t.q.as_ptr().add(qr + c));
+                            a[0] = _mm256_fmadd_ps(b, k0, a[0]);
+                            a[1] = _mm256_fmadd_ps(b, k1, a[1]);
                         }
                     }
-                    let hsum = _mm256_hadd_ps(
-                        _mm256_hadd_ps(acc[0], acc[1]),
-                        _mm256_hadd_ps(acc[2], acc[3]),
-                    );
-                    let s4 = _mm_mul_ps(
-                        _mm_add_ps(
-                            _mm256_castps256_ps128(hsum),
-                            _mm256_extractf128_ps::<1>(hsum),
-                        ),
-                        _mm_set1_ps(t.scale),
-                    );
-                    let mut four = [0f32; 4];
-                    _mm_storeu_ps(four.as_mut_ptr(), s4);
-                    scores[j - kb..j - kb + m4].copy_from_slice(&four[..m4]);
-                    j += m4;
+                    let sv = _mm256_set1_ps(t.scale);
+                    for (i, a) in acc.iter().enumerate().take(rr) {
+                        let dst = sc.p.as_mut_ptr().add((r0 + i) * TILE_KEYS + j0);
+                        _mm256_storeu_ps(dst, _mm256_mul_ps(a[0], sv));
+                        _mm256_storeu_ps(dst.add(8), _mm256_mul_ps(a[1], sv));
+                    }
                 }
-                let n = end - kb;
-                let bmax = scores[..n]
-                    .iter()
-                    .copied()
-                    .fold(f32::NEG_INFINITY, f32::max);
+                r0 += rr;
+            }
+            // Online softmax, row by row: scores past what the row sees
+            // are -inf, a row that sees none of the block keeps its sums
+            // (corr 1, probabilities 0).
+            for r in 0..rows {
+                let n_pos = t.pos0 + t.t0 + r / group + 1;
+                let pr = &mut sc.p[r * TILE_KEYS..][..n16];
+                if kb >= n_pos {
+                    pr.fill(0.0);
+                    sc.corr[r] = 1.0;
+                    continue;
+                }
+                let vis = ke.min(n_pos) - kb;
+                pr[vis..].fill(f32::NEG_INFINITY);
+                let bmax = pr[..vis].iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let m_old = sc.m[r];
                 let m_new = m_old.max(bmax);
                 // m_old = -inf before the row's first block: corr = 0.
@@ -185,7 +218,7 @@ unsafe fn tile_avx2(t: &Task, sc: &mut Scratch, out: &mut [f32]) {
                 // p = exp(s - m_new) eight at a time (-inf gives 0).
                 let mv = _mm256_set1_ps(m_new);
                 let mut partv = _mm256_setzero_ps();
-                for c in scores[..n.next_multiple_of(8)].chunks_exact_mut(8) {
+                for c in pr.chunks_exact_mut(8) {
                     let e = crate::vexp::exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), mv));
                     _mm256_storeu_ps(c.as_mut_ptr(), e);
                     partv = _mm256_add_ps(partv, e);
@@ -194,38 +227,56 @@ unsafe fn tile_avx2(t: &Task, sc: &mut Scratch, out: &mut [f32]) {
                 _mm256_storeu_ps(lanes.as_mut_ptr(), partv);
                 sc.l[r] = sc.l[r] * corr + lanes.iter().sum::<f32>();
                 sc.m[r] = m_new;
-                // o = o * corr + sum_j p_j v_j, 64 dims (8 registers) at
-                // a time.
-                let orow = &mut sc.o[r * hd..][..hd];
-                let cv = _mm256_set1_ps(corr);
-                let mut c0 = 0;
-                while c0 < hd {
-                    let w = (hd - c0).min(64) / 8;
-                    let mut acc = [_mm256_setzero_ps(); 8];
-                    for (i, a) in acc.iter_mut().enumerate().take(w) {
-                        *a = _mm256_mul_ps(_mm256_loadu_ps(orow.as_ptr().add(c0 + 8 * i)), cv);
-                    }
-                    for (jj, &p) in scores[..n].iter().enumerate() {
-                        let pv = _mm256_set1_ps(p);
-                        let vrow = vg.as_ptr().add((kb + jj) * stride + c0);
-                        for (i, a) in acc.iter_mut().enumerate().take(w) {
-                            // SAFETY: value row kb + jj < n_keys, inside
-                            // the checked cache; c0 + 8i + 8 <= hd.
-                            *a = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vrow.add(8 * i)), *a);
+                sc.corr[r] = corr;
+            }
+            // o = o * corr + sum_j p_j v_j: MICRO_ROWS rows x 16
+            // dimensions at a time (8 for a last odd group of 8).
+            let mut r0 = 0;
+            while r0 < rows {
+                let rr = (rows - r0).min(MICRO_ROWS);
+                let mut d0 = 0;
+                while d0 < hd {
+                    let two = hd - d0 >= 16;
+                    let mut acc = [[_mm256_setzero_ps(); 2]; MICRO_ROWS];
+                    for (i, a) in acc.iter_mut().enumerate().take(rr) {
+                        // SAFETY: o holds rows x hd; d0 + 8 (+ 8 when
+                        // `two`) <= hd.
+                        let or = sc.o.as_ptr().add((r0 + i) * hd + d0);
+                        let cv = _mm256_set1_ps(sc.corr[r0 + i]);
+                        a[0] = _mm256_mul_ps(_mm256_loadu_ps(or), cv);
+                        if two {
+                            a[1] = _mm256_mul_ps(_mm256_loadu_ps(or.add(8)), cv);
                         }
                     }
-                    for (i, a) in acc.iter().enumerate().take(w) {
-                        _mm256_storeu_ps(orow.as_mut_ptr().add(c0 + 8 * i), *a);
+                    for j in 0..n {
+                        // SAFETY: value row kb + j < n_keys, inside the
+                        // checked cache; p holds rows x TILE_KEYS, j < n.
+                        let vr = vg.as_ptr().add((kb + j) * stride + d0);
+                        let v0 = _mm256_loadu_ps(vr);
+                        let v1 = if two { _mm256_loadu_ps(vr.add(8)) } else { v0 };
+                        for (i, a) in acc.iter_mut().enumerate().take(rr) {
+                            let b =
+                                _mm256_broadcast_ss(&*sc.p.as_ptr().add((r0 + i) * TILE_KEYS + j));
+                            a[0] = _mm256_fmadd_ps(b, v0, a[0]);
+                            a[1] = _mm256_fmadd_ps(b, v1, a[1]);
+                        }
                     }
-                    c0 += 8 * w;
+                    for (i, a) in acc.iter().enumerate().take(rr) {
+                        let or = sc.o.as_mut_ptr().add((r0 + i) * hd + d0);
+                        _mm256_storeu_ps(or, a[0]);
+                        if two {
+                            _mm256_storeu_ps(or.add(8), a[1]);
+                        }
+                    }
+                    d0 += if two { 16 } else { 8 };
                 }
+                r0 += rr;
             }
         }
         // Normalise into the output rows of this KV head's query heads.
         for r in 0..rows {
-            let (tok, h) = (r / group, g * group + r % group);
             let inv = 1.0 / sc.l[r];
-            let dst = &mut out[(tok * n_head + h) * hd..][..hd];
+            let dst = &mut out[q_at(g, r) - t.t0 * n_head * hd..][..hd];
             for (d, &x) in dst.iter_mut().zip(&sc.o[r * hd..][..hd]) {
                 *d = x * inv;
             }
@@ -240,7 +291,7 @@ mod tests {
     use crate::attention::tests::rand;
 
     /// Against the f64 reference: the demo model's shape (14 on 2, head
-    /// dim 64), a 128-dim one and one head a KV head, chunks of 2 to 150
+    /// dim 64), a 128-dim one, one head a KV head and a 24-dim one, chunks of 2 to 150
     /// tokens over 0 to 700 cached positions (key blocks cut anywhere,
     /// tasks of fewer than 8 tokens), and planted keys that dominate.
     #[test]
@@ -262,6 +313,14 @@ mod tests {
                 n_head: 2,
                 n_kv_head: 2,
                 head_dim: 16,
+            },
+            // A head dim of an odd number of 8s (the output update's last
+            // 8-wide group) and 3 rows a token (row groups cut across
+            // tokens).
+            AttnShape {
+                n_head: 6,
+                n_kv_head: 2,
+                head_dim: 24,
             },
         ];
         for s in shapes {
