@@ -100,8 +100,8 @@ struct Scratch {
     l: Vec<f32>,
     /// Unnormalised output rows.
     o: Vec<f32>,
-    /// The current key block transposed: `kt[c * TILE_KEYS + j]` is
-    /// dimension c of key j (zero past the block's keys).
+    /// The current key block, contiguous: `kt[j * hd + c]` is dimension c
+    /// of key j (zero past the block's keys).
     kt: Vec<f32>,
     /// Scores, then probabilities, of the current block: `TILE_KEYS` a row.
     p: Vec<f32>,
@@ -109,18 +109,22 @@ struct Scratch {
     corr: Vec<f32>,
 }
 
-/// Rows a micro-kernel call takes (its accumulators: 4 rows x 16 keys or
-/// dimensions, 8 of the 16 AVX2 registers).
+/// Rows the output update's micro-kernel takes (its accumulators: 4 rows
+/// x 16 dimensions, 8 of the 16 AVX2 registers).
 const MICRO_ROWS: usize = 4;
+
+/// Rows the scores' micro-kernel takes: 2 rows x 4 keys of 8-lane sums,
+/// 8 registers, with the 4 key vectors and a query vector.
+const SCORE_ROWS: usize = 2;
 
 /// Every KV head of one task: rows (token, query head of the group),
 /// token-major; the output `o` holds the task's tokens (all heads).
 ///
-/// Per key block the scores are a small matrix product, rows x keys,
-/// against the block's keys transposed once (broadcast query values times
-/// 16 keys at a time: no horizontal sums), and the output update another,
-/// rows x head dim, over the block's value rows (broadcast probabilities
-/// times 16 dimensions): 4 rows share every key and value load.
+/// Per key block the scores go 2 rows x 4 keys at a time over the block's
+/// keys copied contiguous (2 rows share every key load), and the output
+/// update is a small matrix product, rows x head dim, over the block's
+/// value rows (broadcast probabilities times 16 dimensions; 4 rows share
+/// every value load).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2(t: &Task, sc: &mut Scratch, out: &mut [f32]) {
@@ -155,44 +159,59 @@ unsafe fn tile_avx2(t: &Task, sc: &mut Scratch, out: &mut [f32]) {
             let ke = (kb + TILE_KEYS).min(n_keys);
             let n = ke - kb;
             let n16 = n.next_multiple_of(16);
-            // The block's keys transposed (zeros past n: their scores are
+            // The block's keys, contiguous (zeros past n: their scores are
             // masked below).
             for j in 0..n16 {
-                for c in 0..hd {
-                    sc.kt[c * TILE_KEYS + j] = if j < n {
-                        kg[(kb + j) * stride + c]
-                    } else {
-                        0.0
-                    };
+                let dst = &mut sc.kt[j * hd..][..hd];
+                if j < n {
+                    dst.copy_from_slice(&kg[(kb + j) * stride..][..hd]);
+                } else {
+                    dst.fill(0.0);
                 }
             }
-            // Scores of every row, MICRO_ROWS rows at a time.
+            // Scores, SCORE_ROWS rows x 4 keys at a time: each key row is
+            // loaded once for the rows, each dot product summed in 8 lanes
+            // (dimensions c, c + 8, ...) and then across them, the per-row
+            // kernel's order. (One chain of hd FMAs a score, 16 keys to a
+            // register pair, lost too much to a few large products:
+            // Qwen2's outlier dimensions took the demo model's worst KL to
+            // the f64 path from 2.8e-3 to 1.1e-2.)
             let mut r0 = 0;
             while r0 < rows {
-                let rr = (rows - r0).min(MICRO_ROWS);
-                let mut qp = [0usize; MICRO_ROWS];
+                let rr = (rows - r0).min(SCORE_ROWS);
+                let mut qp = [0usize; SCORE_ROWS];
                 for (i, x) in qp.iter_mut().enumerate() {
                     *x = q_at(g, r0 + i.min(rr - 1));
                 }
-                for j0 in (0..n16).step_by(16) {
-                    // SAFETY: q rows are whole rows of the checked q
-                    // (c < hd); kt holds hd x TILE_KEYS values and j0 + 16
-                    // <= n16 <= TILE_KEYS; p holds rows x TILE_KEYS.
-                    let mut acc = [[_mm256_setzero_ps(); 2]; MICRO_ROWS];
-                    for c in 0..hd {
-                        let kt = sc.kt.as_ptr().add(c * TILE_KEYS + j0);
-                        let (k0, k1) = (_mm256_loadu_ps(kt), _mm256_loadu_ps(kt.add(8)));
+                for j in (0..n16).step_by(4) {
+                    // SAFETY: q rows are whole rows of the checked q (c + 8
+                    // <= hd); kt holds hd x TILE_KEYS values and j + 4 <=
+                    // n16 <= TILE_KEYS; p holds rows x TILE_KEYS.
+                    let mut acc = [[_mm256_setzero_ps(); 4]; SCORE_ROWS];
+                    for c in (0..hd).step_by(8) {
+                        let mut kv = [_mm256_setzero_ps(); 4];
+                        for (u, x) in kv.iter_mut().enumerate() {
+                            *x = _mm256_loadu_ps(sc.kt.as_ptr().add((j + u) * hd + c));
+                        }
                         for (a, &qr) in acc.iter_mut().zip(&qp) {
-                            let b = _mm256_broadcast_ss(&*t.q.as_ptr().add(qr + c));
-                            a[0] = _mm256_fmadd_ps(b, k0, a[0]);
-                            a[1] = _mm256_fmadd_ps(b, k1, a[1]);
+                            let qv = _mm256_loadu_ps(t.q.as_ptr().add(qr + c));
+                            for (x, k) in a.iter_mut().zip(&kv) {
+                                *x = _mm256_fmadd_ps(qv, *k, *x);
+                            }
                         }
                     }
-                    let sv = _mm256_set1_ps(t.scale);
+                    let sv = _mm_set1_ps(t.scale);
                     for (i, a) in acc.iter().enumerate().take(rr) {
-                        let dst = sc.p.as_mut_ptr().add((r0 + i) * TILE_KEYS + j0);
-                        _mm256_storeu_ps(dst, _mm256_mul_ps(a[0], sv));
-                        _mm256_storeu_ps(dst.add(8), _mm256_mul_ps(a[1], sv));
+                        let hsum =
+                            _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+                        let s4 = _mm_mul_ps(
+                            _mm_add_ps(
+                                _mm256_castps256_ps128(hsum),
+                                _mm256_extractf128_ps::<1>(hsum),
+                            ),
+                            sv,
+                        );
+                        _mm_storeu_ps(sc.p.as_mut_ptr().add((r0 + i) * TILE_KEYS + j), s4);
                     }
                 }
                 r0 += rr;
