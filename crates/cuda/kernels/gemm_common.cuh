@@ -53,7 +53,7 @@
 #define GEMM_BPIECES (4 * GEMM_BN * 4)
 
 // Kernel arguments, one struct (mirrored by `GemmArgs` in
-// src/prefill/gemm.rs, #[repr(C)]; field order and types must match). The
+// src/gemv/gemm.rs, #[repr(C)]; field order and types must match). The
 // read-only pointers are read through __ldg explicitly: NVRTC drops
 // __restrict__ on struct members.
 struct GemmArgs {
@@ -103,7 +103,7 @@ struct GemmSmem {
 template <class T>
 __device__ __forceinline__ void gemm_load_b(const GemmArgs& a, const long long* xoff, int step, int nchunks,
                                             uint4* dst) {
-    for (int q = threadIdx.x; q < GEMM_BPIECES; q += blockDim.x) {
+    for (int q = threadIdx.x; q < GEMM_BPIECES; q += GEMM_THREADS) {
         const int j = q >> 8, t = (q >> 2) & (GEMM_BN - 1), r = q & 3;
         const int ch = step * 4 + j;
         const long long off = xoff[t];
@@ -136,8 +136,8 @@ __device__ __forceinline__ void gemm_load_a(const u8* base, const u16* dd, const
     }
 }
 
-// KS = 1: a block of W = blockDim.x / 32 warps covers 32 W rows, each warp
-// every chunk of its 32. KS = 4 (small grids: the launch's choice): the
+// KS = 1: a block of 4 warps (GEMM_THREADS, the only launch shape) covers
+// 128 rows, each warp every chunk of its 32. KS = 4 (small grids: the launch's choice): the
 // block's 4 warps share 32 rows and each takes one chunk of every step,
 // their sums added through shared memory at the end: 4x the warps of a
 // KS = 1 grid of 4-warp blocks, with no weight dequantized twice.
@@ -170,9 +170,8 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
     const u16* dd = reinterpret_cast<const u16*>(base + (u64)a.rows * a.nb * T::PAYLOAD);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
-    // A block of W warps covers 32 W rows (W = blockDim.x / 32, chosen by
-    // the launch so that small grids still fill the card), or 32 (KS = 4).
-    const int wr = KS == 1 ? blockIdx.x * blockDim.x + warp * 32 : blockIdx.x * 32;
+    // A block covers GEMM_BM = 4 x 32 rows (KS = 1) or 32 (KS = 4).
+    const int wr = KS == 1 ? blockIdx.x * GEMM_BM + warp * 32 : blockIdx.x * 32;
     // KS = 4: this warp's chunk of each step, and its weights' prefetch
     // distance (the next step's chunk).
     const int kpart = KS == 1 ? 0 : warp;
@@ -197,12 +196,12 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
-    for (int i = tid; i < GEMM_BN; i += blockDim.x) {
+    for (int i = tid; i < GEMM_BN; i += GEMM_THREADS) {
         const int bp = p0 + i;
         xoff[i] = bp < p1 ? (long long)(a.gather ? __ldg(a.gather + bp) : bp) * a.ldx : -1;
     }
     if constexpr (NTAB > 0) {
-        for (int i = tid; i < NTAB; i += blockDim.x) stab[i] = T::table(i);
+        for (int i = tid; i < NTAB; i += GEMM_THREADS) stab[i] = T::table(i);
     }
     Raw ring[RING][4];
     if constexpr (KS == 1) {

@@ -56,11 +56,8 @@ __device__ __forceinline__ void rt_load(const u32* experts, int base, int j1, in
     }
 }
 
-// Exclusive block-wide sums of a and b in thread order (in place);
-// returns the total of b (every thread). `ws`: 64 ints of shared scratch.
-__device__ __forceinline__ int rt_scan2(int& a, int& b, int* ws) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int x = a, y = b;
+// Inclusive scan of a pair of counts across one warp.
+__device__ __forceinline__ void rt_warp_scan2(int& x, int& y, int lane) {
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
         const int xu = __shfl_up_sync(0xffffffffu, x, o);
@@ -70,6 +67,14 @@ __device__ __forceinline__ int rt_scan2(int& a, int& b, int* ws) {
             y += yu;
         }
     }
+}
+
+// Exclusive block-wide sums of a and b in thread order (in place);
+// returns the total of b (every thread). `ws`: 64 ints of shared scratch.
+__device__ __forceinline__ int rt_scan2(int& a, int& b, int* ws) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = a, y = b;
+    rt_warp_scan2(x, y, lane);
     if (lane == 31) {
         ws[warp] = x;
         ws[32 + warp] = y;
@@ -77,15 +82,7 @@ __device__ __forceinline__ int rt_scan2(int& a, int& b, int* ws) {
     __syncthreads();
     if (warp == 0) {
         int wx = lane < nw ? ws[lane] : 0, wy = lane < nw ? ws[32 + lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int xu = __shfl_up_sync(0xffffffffu, wx, o);
-            const int yu = __shfl_up_sync(0xffffffffu, wy, o);
-            if (lane >= o) {
-                wx += xu;
-                wy += yu;
-            }
-        }
+        rt_warp_scan2(wx, wy, lane);
         ws[lane] = wx;
         ws[32 + lane] = wy;
     }

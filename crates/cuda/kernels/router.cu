@@ -32,7 +32,7 @@
 //    expert order; then one warp, lane i holding chosen i, ranks them by
 //    (p desc, index asc) = the old kernel's selection order, and every lane
 //    adds the chosen p in that order for the renorm sum (as the CPU does).
-// crates/cuda/src/kernel_model.rs models this selection on the host and
+// crates/cuda/src/kernel_model/router.rs models this selection on the host and
 // checks it against a sort-based top-k.
 #include "common.cuh"
 

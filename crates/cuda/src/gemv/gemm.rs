@@ -265,7 +265,7 @@ impl DeviceMatrix {
     }
 
     /// [`Self::gemm`] with the K split given.
-    pub fn gemm_split(
+    pub(crate) fn gemm_split(
         &self,
         gpu: &Gpu,
         exact: bool,
@@ -322,7 +322,7 @@ impl ExpertStack {
 
     /// [`Self::gemm_grouped`] with the K split given.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_grouped_split(
+    pub(crate) fn gemm_grouped_split(
         &self,
         gpu: &Gpu,
         tiles: &CudaSlice<i32>,
