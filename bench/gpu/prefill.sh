@@ -32,7 +32,8 @@
 #             (default 1024 2048 4096): the chunk size against its scratch
 #   ab        iq2 file: prompt tok/s at PP, the binary under test against
 #             BASE (default .bench-bin/redlite-base, carried beside it),
-#             alternating, ROUNDS rounds (default 2)
+#             alternating, ROUNDS rounds (default 2); BINS (paths, in
+#             order) replaces the pair with any number of binaries
 #   ncu       iq2 file, Nsight Compute on the prefill kernels of one
 #             2048-token chunk (NCU_KERNELS, a regex; default the GEMMs and
 #             the DeltaNet chunk kernel): speed of light, occupancy, warp
@@ -144,7 +145,7 @@ for s in ${STEPS:-build selftest parity pp budget}; do
     ab)
       M=$(synth_file iq2); B="${BASE:-$ROOT/.bench-bin/redlite-base}"
       for round in $(seq "${ROUNDS:-2}"); do
-        for bin in "$B" "$R"; do
+        for bin in ${BINS:-$B $R}; do
           echo "== round $round: $(basename "$bin")"
           timeout 300 "$bin" bench model -m "$M" --device cuda -p "${PP:-512,2048,8192}" -n 0 -r 2 2>/dev/null | grep "^| qwen"
         done

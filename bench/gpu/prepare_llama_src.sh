@@ -42,7 +42,13 @@ CM
   echo "sdist: $(basename "$SDIST")"
   echo "sha256: $(sha256sum "$SDIST" | cut -d' ' -f1)"
 } > "$DEST/PROVENANCE.txt"
-# The redlite binary travels next to it (build it first: cargo build --release [--features cuda]).
+# The redlite binary travels next to it, stripped and gzipped (the carry
+# limit is 64 MiB; bench/gpu/common.sh unpacks it). Build it first:
+# cargo build --release -p redlite-cli --features cuda.
 mkdir -p "$ROOT/.bench-bin"
-if [[ -x "$ROOT/target/release/redlite" ]]; then cp "$ROOT/target/release/redlite" "$ROOT/.bench-bin/redlite"; fi
+if [[ -x "$ROOT/target/release/redlite" ]]; then
+  rm -f "$ROOT/.bench-bin/redlite"
+  strip -o "$TMP/redlite" "$ROOT/target/release/redlite"
+  gzip -c "$TMP/redlite" > "$ROOT/.bench-bin/redlite.gz"
+fi
 du -sh "$DEST" "$ROOT/.bench-bin"

@@ -86,6 +86,75 @@ struct gemm_table<T, decltype(void(T::TABLE))> {
     static constexpr int n = T::TABLE;
 };
 
+// 8 codebook magnitudes (bytes of `grid`, each < 128) with their signs
+// (bit k of `signs`: value k negative) times the scale `d` (f32), as 4
+// f16x2 words (values 2w, 2w+1 in word w). Each pair of bytes x becomes
+// 32 + x/32 in f16 (one PRMT under the high byte 0x50), 32 is subtracted
+// (exact: x/32 has 7 significant bits), the product with the scale times
+// 32 (rounded to f16 once, like the f32 path's value) is rounded to
+// nearest, and the signs are XORed into the halves' sign bits (bit 2w of
+// signs -> bit 15, bit 2w + 1 -> bit 31: the multiply by 0x40008000
+// places them there without carries, since signs < 256). Against the f32
+// path (`sbyte_f`, a multiply, the pair's rounding) this drops two of
+// every word's eleven instructions and the sign words' byte subtraction.
+// Two roundings, within an f16 ulp of the value; the factor 32 keeps the
+// rounded scale normal for scales from 1.9e-6 up (0x64, 1024 + x, would
+// leave it subnormal, ~1e-3 off, below 6.1e-5) and finite to 2047.
+// kernel_model::gemv models it word for word.
+__device__ __forceinline__ void grid_h2(u64 grid, u32 signs, float d, u32* h) {
+    const u32 d2 = pack_h2(32.0f * d, 32.0f * d);
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        const u32 g4 = w < 2 ? (u32)grid : (u32)(grid >> 32);
+        const u32 biased = __byte_perm(g4, 0x50505050u, (w & 1) ? 0x4342u : 0x4140u);
+        u32 mag, scaled;
+        asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(mag) : "r"(biased), "r"(0x50005000u));
+        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(scaled) : "r"(mag), "r"(d2));
+        h[w] = scaled ^ (((signs >> (2 * w)) * 0x40008000u) & 0x80008000u);
+    }
+}
+
+// Blocks an SM the kernel is compiled for (`__launch_bounds__`'s minimum):
+// a format's `GEMM_BLOCKS` where it sets one (4: at most 128 registers a
+// thread, 16 warps an SM; such a format's weight loads run one chunk
+// ahead, not three, to fit), else 0: no minimum, ptxas's choice (3 blocks
+// at ~168 registers; an explicit 1 lets it take more).
+template <class T, class = void>
+struct gemm_blocks {
+    static constexpr int n = 0;
+};
+template <class T>
+struct gemm_blocks<T, decltype(void(T::GEMM_BLOCKS))> {
+    static constexpr int n = T::GEMM_BLOCKS;
+};
+
+// A format's 8 values of run `l` as 4 f16x2 words (values 2w, 2w+1 in word
+// w), for the A fragments. A format with its own `dec8h` (the codebook
+// formats: `grid_h2`) decodes straight to f16; the others decode to f32
+// (`dec8`) and are rounded in pairs.
+template <class T, class = void>
+struct gemm_has_dec8h {
+    static constexpr bool v = false;
+};
+template <class T>
+struct gemm_has_dec8h<T, decltype(void(&T::dec8h))> {
+    static constexpr bool v = true;
+};
+template <class T>
+__device__ __forceinline__ void gemm_dec8h(const typename T::Raw& raw, int sub, int l, u32* h, const u64* stab) {
+    if constexpr (gemm_has_dec8h<T>::v) {
+        T::dec8h(raw, sub, l, h, stab);
+    } else {
+        float v[8];
+        if constexpr (gemm_table<T>::n > 0)
+            T::dec8(raw, sub, l, v, stab);
+        else
+            T::dec8(raw, sub, l, v);
+#pragma unroll
+        for (int w = 0; w < 4; w++) h[w] = pack_h2(v[2 * w], v[2 * w + 1]);
+    }
+}
+
 // The block's shared memory (declared once in the kernel: each of its two
 // bodies would otherwise get its own).
 template <class T>
@@ -153,7 +222,7 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
     // entries: a divisor of the 4 chunks of a step, so every entry's index
     // is a constant after unrolling).
     using Raw = typename T::Raw;
-    constexpr int AHEAD = sizeof(Raw) <= 16 ? 3 : 1;
+    constexpr int AHEAD = sizeof(Raw) <= 16 && gemm_blocks<T>::n < 4 ? 3 : 1;
     constexpr int RING = AHEAD + 1;
     const int ty = blockIdx.y;
     int m = 0, p0, p1;
@@ -178,14 +247,13 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
     const int nchunks = a.nb * T::LPB;
     const int nsteps = (nchunks + 3) / 4;
     // This lane's rows (mi*16 + hr*8 + g of the warp's 32, index 2 mi + hr):
-    // the first block of each (rows past the matrix load its last row and
-    // contribute zeros).
+    // the first block of each. Rows past the matrix read the last row: real
+    // weights (whatever their values) whose products stay in their own accumulator rows (an
+    // MMA's rows never mix) and are never stored.
     u64 rowblk[4];
-    bool rowok[4];
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const int row = wr + (r >> 1) * 16 + (r & 1) * 8 + g;
-        rowok[r] = row < a.rows;
         rowblk[r] = (u64)min(row, a.rows - 1) * a.nb;
     }
     float acc[2][8][4];
@@ -235,6 +303,12 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
             else
                 gemm_load_a<T>(base, dd, rowblk, ch + 4, nchunks, c, ring[1]);
             const int sub = ch % T::LPB;
+            // This lane's B fragments (row nt*8 + g's run c) are read two
+            // column groups ahead of their MMAs, the first two before the
+            // decode, so no MMA waits on its shared load (the buffer holds
+            // all 64 rows: the reads past the tile's last pair are not used).
+            const uint4* bj = bs + j * (GEMM_BN * 4) + g * 4 + c;
+            uint4 bq[2] = {bj[0], bj[32]};
             // A fragments of the chunk's two k16 MMAs: [m16 tile][mma][reg]
             // (regs 0/1: rows g / g+8 at the MMA's k 2c, 2c+1; regs 2/3:
             // the same rows at k 2c+8, 2c+9), values 0-3 of the run in
@@ -243,23 +317,19 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 const int mi = r >> 1, hr = r & 1;
-                float v[8];
-                const Raw& raw = ring[KS == 1 ? j % RING : 0][r];
-                if constexpr (NTAB > 0)
-                    T::dec8(raw, sub, c, v, stab);
-                else
-                    T::dec8(raw, sub, c, v);
-                const float z = rowok[r] ? 1.0f : 0.0f;
-                af[mi][0][hr] = pack_h2(z * v[0], z * v[1]);
-                af[mi][0][2 + hr] = pack_h2(z * v[2], z * v[3]);
-                af[mi][1][hr] = pack_h2(z * v[4], z * v[5]);
-                af[mi][1][2 + hr] = pack_h2(z * v[6], z * v[7]);
+                u32 h[4];
+                gemm_dec8h<T>(ring[KS == 1 ? j % RING : 0][r], sub, c, h, stab);
+                af[mi][0][hr] = h[0];
+                af[mi][0][2 + hr] = h[1];
+                af[mi][1][hr] = h[2];
+                af[mi][1][2 + hr] = h[3];
             }
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) {
                 if (nt * 8 >= cnt) break;
                 // Row nt*8 + g's run c: its B fragment for both MMAs.
-                const uint4 b = bs[j * (GEMM_BN * 4) + (nt * 8 + g) * 4 + c];
+                const uint4 b = bq[nt & 1];
+                if (nt + 2 < 8) bq[nt & 1] = bj[(nt + 2) * 32];
                 const u32 b0[2] = {b.x, b.y}, b1[2] = {b.z, b.w};
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) {
@@ -313,7 +383,7 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
 }
 
 #define GEMM_KERNEL(NAME, T)                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMM_THREADS) NAME(const GemmArgs a) { \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, gemm_blocks<T>::n) NAME(const GemmArgs a) { \
         PDL_PROLOGUE();                                                               \
         __shared__ __align__(16) GemmSmem<T> sm;                                      \
         if (a.ksplit == 4)                                                            \

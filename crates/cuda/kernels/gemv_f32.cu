@@ -58,11 +58,17 @@ GEMM_KERNEL(gemm_f32h, F32W)
 
 // Prefill GEMM of an F32 matrix in f32 (the routers and the shared-expert
 // gate: their top-k must see the decode's logits, not f16-rounded ones),
-// SIMT: tiles of 64 rows x 64 activation rows, K in steps of 16, 256
+// SIMT: tiles of 64 rows x 64 activation rows, K in steps of 32, 256
 // threads of 4 x 4 outputs. Arguments and tiles as gemm_common.cuh.
+// A router's grid is small (512 rows x 2048 tokens: 256 blocks, two an
+// SM), so the loads of step s + 1 are issued into registers before step
+// s's products and stored into the other of two shared buffers after
+// them: one barrier a step and the global latency under the FMAs. Every
+// output is one f32 chain over k in order, whatever the tiling.
+constexpr int GEMM_F32_KSTEP = 32;
 extern "C" __global__ void __launch_bounds__(256) gemm_f32(const GemmArgs a) {
     PDL_PROLOGUE();
-    __shared__ __align__(16) float Ws[16][68], Xs[16][68];
+    __shared__ __align__(16) float Ws[2][GEMM_F32_KSTEP][68], Xs[2][GEMM_F32_KSTEP][68];
     const int ty = blockIdx.y;
     int m = 0, p0, p1;
     if (a.tiles) {
@@ -78,40 +84,60 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f32(const GemmArgs a) {
     const int K = a.nb * 32;
     const int r0 = blockIdx.x * 64, tid = threadIdx.x;
     const int tr = tid >> 4, tp = tid & 15;
+    // Loader: row lr, k lk..lk+3 and lk+16..lk+19 of the step.
     const int lr = tid >> 2, lk = (tid & 3) * 4;
     const float* wrow = r0 + lr < a.rows ? base + (long long)(r0 + lr) * K : nullptr;
     const int lp = p0 + lr;
     const float* xrow =
         lp < p1 ? a.x + (long long)(a.gather ? __ldg(a.gather + lp) : lp) * a.ldx : nullptr;
+    float4 wv[2], xv[2];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int k = k0 + lk + 16 * h;
+            wv[h] = wrow ? __ldg(reinterpret_cast<const float4*>(wrow + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xv[h] = xrow ? __ldg(reinterpret_cast<const float4*>(xrow + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    };
+    auto store = [&](int b) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int k = lk + 16 * h;
+            Ws[b][k][lr] = wv[h].x;
+            Ws[b][k + 1][lr] = wv[h].y;
+            Ws[b][k + 2][lr] = wv[h].z;
+            Ws[b][k + 3][lr] = wv[h].w;
+            Xs[b][k][lr] = xv[h].x;
+            Xs[b][k + 1][lr] = xv[h].y;
+            Xs[b][k + 2][lr] = xv[h].z;
+            Xs[b][k + 3][lr] = xv[h].w;
+        }
+    };
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int jx = 0; jx < 4; jx++) acc[i][jx] = 0.0f;
-    for (int k0 = 0; k0 < K; k0 += 16) {
-        float4 wv = {0.f, 0.f, 0.f, 0.f}, xv = {0.f, 0.f, 0.f, 0.f};
-        if (wrow) wv = __ldg(reinterpret_cast<const float4*>(wrow + k0 + lk));
-        if (xrow) xv = __ldg(reinterpret_cast<const float4*>(xrow + k0 + lk));
-        Ws[lk][lr] = wv.x;
-        Ws[lk + 1][lr] = wv.y;
-        Ws[lk + 2][lr] = wv.z;
-        Ws[lk + 3][lr] = wv.w;
-        Xs[lk][lr] = xv.x;
-        Xs[lk + 1][lr] = xv.y;
-        Xs[lk + 2][lr] = xv.z;
-        Xs[lk + 3][lr] = xv.w;
-        __syncthreads();
+    load(0);
+    store(0);
+    __syncthreads();
+    for (int k0 = 0, b = 0; k0 < K; k0 += GEMM_F32_KSTEP, b ^= 1) {
+        const bool more = k0 + GEMM_F32_KSTEP < K;
+        if (more) load(k0 + GEMM_F32_KSTEP);
 #pragma unroll
-        for (int kk = 0; kk < 16; kk++) {
+        for (int kk = 0; kk < GEMM_F32_KSTEP; kk++) {
             // One 16-byte load each (rows of 68 floats keep them aligned).
-            const float4 w4 = *reinterpret_cast<const float4*>(&Ws[kk][tr * 4]);
-            const float4 x4 = *reinterpret_cast<const float4*>(&Xs[kk][tp * 4]);
+            const float4 w4 = *reinterpret_cast<const float4*>(&Ws[b][kk][tr * 4]);
+            const float4 x4 = *reinterpret_cast<const float4*>(&Xs[b][kk][tp * 4]);
             const float wr[4] = {w4.x, w4.y, w4.z, w4.w}, xr[4] = {x4.x, x4.y, x4.z, x4.w};
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
                 for (int jx = 0; jx < 4; jx++) acc[i][jx] = fmaf(wr[i], xr[jx], acc[i][jx]);
         }
+        // The other buffer was last read in step s - 1, before the barrier
+        // that ended it.
+        if (more) store(b ^ 1);
         __syncthreads();
     }
 #pragma unroll

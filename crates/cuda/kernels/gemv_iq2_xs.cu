@@ -77,6 +77,13 @@ struct Iq2Xs {
             for (int k = 0; k < 4; k++) v[4 * half + k] = s * sbyte_f(sg, k);
         }
     }
+    // The same 8 values as f16x2 words (gemm_common.cuh's `grid_h2`).
+    static __device__ __forceinline__ void dec8h(const Raw& r, int, int l, u32* h, const u64* grid_tab) {
+        const float s = h2f(r.d) * 0.25f * (0.5f + (float)((l < 2 ? r.sc : r.sc >> 4) & 15u));
+        const u32 q = (r.w >> (16 * (l & 1))) & 0xffffu;
+        const u32 code = q >> 9;
+        grid_h2(grid_tab[q & 511u], code | ((__popc(code) & 1) << 7), s, h);
+    }
     static __device__ __forceinline__ int col(int sub, int i) { return 32 * sub + i; }
 };
 

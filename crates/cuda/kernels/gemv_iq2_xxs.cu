@@ -68,9 +68,18 @@ struct Iq2Xxs {
             for (int k = 0; k < 4; k++) v[4 * half + k] = db * sbyte_f(sg, k);
         }
     }
+    // The same 8 values as f16x2 words (gemm_common.cuh's `grid_h2`).
+    static __device__ __forceinline__ void dec8h(const Raw& r, int, int l, u32* h, const u64* grid_tab) {
+        const u32 aux = r.g.y;
+        const float db = h2f(r.d) * (0.5f + (float)(aux >> 28)) * 0.25f;
+        const u32 code = (aux >> (7 * l)) & 127;
+        grid_h2(grid_tab[byte_of(r.g.x, l)], code | ((__popc(code) & 1) << 7), db, h);
+    }
     // The GEMM stages the grid in shared memory (gemm_common.cuh) and
     // passes it to `dec8`.
     static constexpr int TABLE = 256;
+    // Four GEMM blocks an SM (gemm_common.cuh's `gemm_blocks`).
+    static constexpr int GEMM_BLOCKS = 4;
     static __device__ __forceinline__ u64 table(int i) { return iq2xxs_grid[i]; }
     static __device__ __forceinline__ int col(int sub, int i) { return 32 * sub + i; }
 };

@@ -6,7 +6,7 @@ use crate::gemv::q8_chunks_per_block;
 use crate::layout::layout;
 use crate::testdata::{quantize_q8_32, random_weights, Rng};
 use redlite_gguf::GgmlType;
-use redlite_quant::iquants::tables::{IQ1S_GRID, IQ2XS_GRID, KVALUES_IQ4NL};
+use redlite_quant::iquants::tables::{IQ1S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KVALUES_IQ4NL};
 
 fn byte_perm(x: u32, y: u32, s: u32) -> u32 {
     let b = (x as u64) | ((y as u64) << 32);
@@ -455,6 +455,91 @@ fn q8act_models_match_the_dequantized_reference() {
                 let want: f64 = terms.clone().sum();
                 let mag: f64 = terms.map(f64::abs).sum();
                 assert_close(ty, y, want, mag, &format!("{rows}x{cols} row {row}"));
+            }
+        }
+    }
+}
+
+/// `grid_h2` (gemm_common.cuh), word for word: PRMT under the high byte
+/// 0x50 (32 + x/32), the f16 subtraction of 32 and product with 32 times
+/// the scale (each rounded to nearest even: f32 holds the exact results,
+/// so one rounding to f16 is the device's), the sign bits by the
+/// 0x40008000 multiply.
+fn grid_h2(grid: u64, signs: u32, scale: f32) -> [f32; 8] {
+    let d2 = half::f16::from_f32(32.0 * scale);
+    let mut out = [0f32; 8];
+    for w in 0..4 {
+        let g4 = if w < 2 {
+            grid as u32
+        } else {
+            (grid >> 32) as u32
+        };
+        let sel = if w & 1 == 1 { 0x4342 } else { 0x4140 };
+        let biased = byte_perm(g4, 0x5050_5050, sel);
+        let mask = (signs >> (2 * w)).wrapping_mul(0x4000_8000) & 0x8000_8000;
+        for half_i in 0..2 {
+            let h = half::f16::from_bits((biased >> (16 * half_i)) as u16);
+            let mag = half::f16::from_f32(h.to_f32() - 32.0);
+            let prod = half::f16::from_f32(mag.to_f32() * d2.to_f32());
+            let bits = prod.to_bits() ^ ((mask >> (16 * half_i)) as u16);
+            out[2 * w + half_i] = half::f16::from_bits(bits).to_f32();
+        }
+    }
+    out
+}
+
+/// Two roundings to f16 (the scale, then the product): within one f16 ulp
+/// of the exact value (2^-10 relative), or of f16's subnormal spacing.
+fn assert_f16_close(got: f32, want: f32, what: &str) {
+    let tol = want.abs() * (1.0 / 1024.0) + 6.0e-8;
+    assert!((got - want).abs() <= tol, "{what}: {got} vs {want}");
+}
+
+#[test]
+fn iq2_xxs_f16_fragments_match_the_cpu() {
+    let l = layout(GgmlType::IQ2_XXS).unwrap();
+    let g = random_weights(&l, 1, 256 * 32, &mut Rng(8));
+    for blk in g.chunks_exact(66) {
+        let want = dequant(GgmlType::IQ2_XXS, blk);
+        let d = f16(blk, 0);
+        for sub in 0..8 {
+            let (idx, aux) = (word(blk, 2 + 8 * sub), word(blk, 2 + 8 * sub + 4));
+            let db = d * (0.5 + (aux >> 28) as f32) * 0.25;
+            for l in 0..4 {
+                let code = (aux >> (7 * l)) & 127;
+                let signs = code | ((code.count_ones() & 1) << 7);
+                let grid = IQ2XXS_GRID[((idx >> (8 * l)) & 0xff) as usize];
+                for (k, v) in grid_h2(grid, signs, db).into_iter().enumerate() {
+                    let i = 32 * sub + 8 * l + k;
+                    assert_f16_close(v, want[i], &format!("iq2_xxs value {i}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn iq2_xs_f16_fragments_match_the_cpu() {
+    let l = layout(GgmlType::IQ2_XS).unwrap();
+    let g = random_weights(&l, 1, 256 * 32, &mut Rng(9));
+    for blk in g.chunks_exact(74) {
+        let want = dequant(GgmlType::IQ2_XS, blk);
+        let d = f16(blk, 0);
+        for sub in 0..8 {
+            let sc = blk[2 + 64 + sub] as u32;
+            let w = word(blk, 2 + 8 * sub);
+            let w2 = word(blk, 2 + 8 * sub + 4);
+            for l in 0..4 {
+                let r = if l < 2 { w } else { w2 };
+                let q = (r >> (16 * (l & 1))) & 0xffff;
+                let s = d * 0.25 * (0.5 + ((if l < 2 { sc } else { sc >> 4 }) & 15) as f32);
+                let code = q >> 9;
+                let signs = code | ((code.count_ones() & 1) << 7);
+                let grid = IQ2XS_GRID[(q & 511) as usize];
+                for (k, v) in grid_h2(grid, signs, s).into_iter().enumerate() {
+                    let i = 32 * sub + 8 * l + k;
+                    assert_f16_close(v, want[i], &format!("iq2_xs value {i}"));
+                }
             }
         }
     }
