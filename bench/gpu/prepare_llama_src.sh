@@ -2,8 +2,8 @@
 # Runs HERE (the dev machine): unpack llama.cpp from the llama-cpp-python
 # 0.3.36 sdist and prune it to what bench/gpu/run.sh builds (libllama, ggml
 # CPU + CUDA backends, llama-bench, llama-completion), ~20 MB, so it fits the
-# device tool's 64 MiB carry limit. Output: <repo>/.llama-cuda-src, ignored
-# via .git/info/exclude. Never commit it.
+# device tool's 64 MiB carry limit. Output: <repo>/.llama-cuda-src (in
+# .gitignore). Never commit it.
 #
 #   bench/gpu/prepare_llama_src.sh [path/to/llama_cpp_python-0.3.36.tar.gz]
 #
@@ -15,8 +15,6 @@ SDIST="${1:-$HOME/.cache/redlite/llama_cpp_python-0.3.36.tar.gz}"
 DEST="$ROOT/.llama-cuda-src"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
-grep -qxF '/.llama-cuda-src/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.llama-cuda-src/' >> "$ROOT/.git/info/exclude"
-grep -qxF '/.bench-bin/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.bench-bin/' >> "$ROOT/.git/info/exclude"
 
 tar -xzf "$SDIST" -C "$TMP"
 SRC="$(echo "$TMP"/llama_cpp_python-*/vendor/llama.cpp)"

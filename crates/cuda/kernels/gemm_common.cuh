@@ -248,8 +248,8 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
     const int nsteps = (nchunks + 3) / 4;
     // This lane's rows (mi*16 + hr*8 + g of the warp's 32, index 2 mi + hr):
     // the first block of each. Rows past the matrix read the last row: real
-    // weights (whatever their values) whose products stay in their own accumulator rows (an
-    // MMA's rows never mix) and are never stored.
+    // weights whose products stay in their own accumulator rows (an MMA's
+    // rows never mix) and are never stored, so they need no zeroing.
     u64 rowblk[4];
 #pragma unroll
     for (int r = 0; r < 4; r++) {
@@ -305,8 +305,10 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
             const int sub = ch % T::LPB;
             // This lane's B fragments (row nt*8 + g's run c) are read two
             // column groups ahead of their MMAs, the first two before the
-            // decode, so no MMA waits on its shared load (the buffer holds
-            // all 64 rows: the reads past the tile's last pair are not used).
+            // decode (the buffer holds all 64 rows: the reads past the
+            // tile's last pair are not used). Not measured alone (history
+            // 32: it shipped with the 4-blocks change); ptxas moves most of
+            // these loads back towards their use.
             const uint4* bj = bs + j * (GEMM_BN * 4) + g * 4 + c;
             uint4 bq[2] = {bj[0], bj[32]};
             // A fragments of the chunk's two k16 MMAs: [m16 tile][mma][reg]
