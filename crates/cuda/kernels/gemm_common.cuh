@@ -114,6 +114,42 @@ __device__ __forceinline__ void grid_h2(u64 grid, u32 signs, float d, u32* h) {
     }
 }
 
+// The integer-coded formats' f16 fragments are GEMM_SCALE times the
+// weights (the store multiplies by its inverse, exact: a power of two), so
+// that a small block scale stays a normal f16: f16 keeps 11 bits down to
+// 6.1e-5, and a Q8_0 block of weights under 7.7e-3 has a scale below that.
+// 16 keeps scales normal from 3.8e-6 and weights finite to 4,094.
+#define GEMM_SCALE 16.0f
+
+// 8 unsigned byte codes (bytes 0-3 of q0, then of q1) as 4 f16x2 words
+// (values 2w, 2w+1 in word w): (code - off) * s + t, with s2 = s|s and t2 =
+// t|t as f16x2 and bias2 = 1024 + off as f16x2. Each pair of bytes becomes
+// 1024 + code by one PRMT under the high byte 0x64 (f16's spacing is 1
+// from 1024 to 2048), the subtraction of 1024 + off is exact (an integer
+// under 256 in magnitude), and the fma rounds once. Against the f32 path
+// (per value a PRMT, an FADD and an FFMA, and a conversion per pair) this
+// is 3 instructions a pair. kernel_model::gemv models it word for word.
+__device__ __forceinline__ void codes_h2(u32 q0, u32 q1, u32 bias2, u32 s2, u32 t2, u32* h) {
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        const u32 biased = __byte_perm(w < 2 ? q0 : q1, 0x64646464u, (w & 1) ? 0x4342u : 0x4140u);
+        u32 mag;
+        asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(mag) : "r"(biased), "r"(bias2));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(h[w]) : "r"(mag), "r"(s2), "r"(t2));
+    }
+}
+
+// The factor a format's fragments carry (`GEMM_SCALED` set: GEMM_SCALE;
+// else 1), undone at the store.
+template <class T, class = void>
+struct gemm_scaled {
+    static constexpr bool v = false;
+};
+template <class T>
+struct gemm_scaled<T, decltype(void(T::GEMM_SCALED))> {
+    static constexpr bool v = T::GEMM_SCALED;
+};
+
 // Blocks an SM the kernel is compiled for (`__launch_bounds__`'s minimum):
 // a format's `GEMM_BLOCKS` where it sets one (4: at most 128 registers a
 // thread, 16 warps an SM; such a format's weight loads run one chunk
@@ -167,17 +203,57 @@ struct GemmSmem {
     u64 stab[gemm_table<T>::n > 0 ? gemm_table<T>::n : 1];
 };
 
-// The tile's activations of step `step` into `dst` ([chunk][row][run]
-// pieces of 8 values; zeros past the tile's rows or the matrix's chunks).
+// Steps and chunks. A step is 4 chunks: half of a 256-value block (LPB 8:
+// step s is half s % 2 of block s / 2) or 4 blocks of 32 (LPB 1). The
+// loop over steps runs in pairs for LPB 8, its two halves unrolled apart
+// (`half` 0 / 1, a constant in each copy), so that every chunk's sub-block
+// index, and what a format derives from it (the K-quants' scale bytes, the
+// load offsets), is a constant: with it runtime, the scale unpacking took
+// both branches' selects and the addresses a 64-bit multiply a row and
+// chunk.
+//
+// Chunk q of a step whose first block is `blk0` (q may run past the step:
+// the prefetch): its block and its sub-block.
 template <class T>
-__device__ __forceinline__ void gemm_load_b(const GemmArgs& a, const long long* xoff, int step, int nchunks,
-                                            uint4* dst) {
-    for (int q = threadIdx.x; q < GEMM_BPIECES; q += GEMM_THREADS) {
+__device__ __forceinline__ int gemm_chunk_block(int half, int blk0, int q) {
+    return blk0 + ((T::LPB == 8 ? 4 * half : 0) + q) / T::LPB;
+}
+template <class T>
+__device__ __forceinline__ int gemm_chunk_sub(int half, int q) {
+    return ((T::LPB == 8 ? 4 * half : 0) + q) % T::LPB;
+}
+// Whether a format's steps are unrolled in pairs (`GEMM_HALVES`: the
+// K-quants, whose scale unpacking depends on the sub-block; the codebook
+// formats only offset their loads by it, and the second copy of the loop
+// costs them registers: IQ2_XXS spilled 40 bytes at its 128).
+template <class T, class = void>
+struct gemm_halves {
+    static constexpr bool v = false;
+};
+template <class T>
+struct gemm_halves<T, decltype(void(T::GEMM_HALVES))> {
+    static constexpr bool v = T::LPB == 8 && T::GEMM_HALVES;
+};
+// The first block of step s.
+template <class T>
+__device__ __forceinline__ int gemm_step_block(int s) {
+    return T::LPB == 8 ? s >> 1 : 4 * s;
+}
+
+// The tile's activations of step `s` (half `half` of its block, LPB 8)
+// into `dst` ([chunk][row][run] pieces of 8 values; zeros past the tile's
+// rows or the matrix's blocks).
+template <class T>
+__device__ __forceinline__ void gemm_load_b(const GemmArgs& a, const long long* xoff, int s, int half, uint4* dst) {
+    const int blk0 = gemm_step_block<T>(s);
+#pragma unroll 1
+    for (int i = 0; i < GEMM_BPIECES / GEMM_THREADS; i++) {
+        const int q = threadIdx.x + i * GEMM_THREADS;
         const int j = q >> 8, t = (q >> 2) & (GEMM_BN - 1), r = q & 3;
-        const int ch = step * 4 + j;
+        const int blk = gemm_chunk_block<T>(half, blk0, j);
         const long long off = xoff[t];
-        if (off >= 0 && ch < nchunks) {
-            const long long k = off + (long long)(ch / T::LPB) * T::QK + T::col(ch % T::LPB, 8 * r);
+        if (off >= 0 && blk < a.nb) {
+            const long long k = off + (long long)blk * T::QK + T::col(gemm_chunk_sub<T>(half, j), 8 * r);
             if (a.xh) {
                 cp_async16(dst + q, a.xh + k);
             } else {
@@ -192,16 +268,18 @@ __device__ __forceinline__ void gemm_load_b(const GemmArgs& a, const long long* 
     }
 }
 
-// The loads of this lane's 4 rows of chunk `ch` (clamped to the last
-// chunk: the prefetch past the end reads what exists and is not used).
+// The loads of this lane's 4 rows (first blocks `rowblk`: row * nb, under
+// 2^32 for any matrix the device holds) of sub-block `sub` of block `blk`
+// (clamped to the last block: the prefetch past the end reads what exists
+// and is not used).
 template <class T>
-__device__ __forceinline__ void gemm_load_a(const u8* base, const u16* dd, const u64* rowblk, int ch, int nchunks,
-                                            int run, typename T::Raw* dst) {
-    ch = min(ch, nchunks - 1);
+__device__ __forceinline__ void gemm_load_a(const u8* base, const u16* dd, const u32* rowblk, int blk, int sub,
+                                            int nb, int run, typename T::Raw* dst) {
+    blk = min(blk, nb - 1);
 #pragma unroll
     for (int r = 0; r < 4; r++) {
-        const u64 bi = rowblk[r] + ch / T::LPB;
-        dst[r] = T::fetch8(base + bi * T::PAYLOAD, dd + bi * side_words<T>::v, ch % T::LPB, run);
+        const u32 bi = rowblk[r] + (u32)blk;
+        dst[r] = T::fetch8(base + (u64)bi * T::PAYLOAD, dd + (u64)bi * side_words<T>::v, sub, run);
     }
 }
 
@@ -244,17 +322,16 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
     // KS = 4: this warp's chunk of each step, and its weights' prefetch
     // distance (the next step's chunk).
     const int kpart = KS == 1 ? 0 : warp;
-    const int nchunks = a.nb * T::LPB;
-    const int nsteps = (nchunks + 3) / 4;
+    const int nsteps = (a.nb * T::LPB + 3) / 4;
     // This lane's rows (mi*16 + hr*8 + g of the warp's 32, index 2 mi + hr):
     // the first block of each. Rows past the matrix read the last row: real
     // weights whose products stay in their own accumulator rows (an MMA's
     // rows never mix) and are never stored, so they need no zeroing.
-    u64 rowblk[4];
+    u32 rowblk[4];
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const int row = wr + (r >> 1) * 16 + (r & 1) * 8 + g;
-        rowblk[r] = (u64)min(row, a.rows - 1) * a.nb;
+        rowblk[r] = (u32)min(row, a.rows - 1) * (u32)a.nb;
     }
     float acc[2][8][4];
 #pragma unroll
@@ -274,35 +351,48 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
     Raw ring[RING][4];
     if constexpr (KS == 1) {
 #pragma unroll
-        for (int k = 0; k < AHEAD; k++) gemm_load_a<T>(base, dd, rowblk, k, nchunks, c, ring[k]);
+        for (int k = 0; k < AHEAD; k++)
+            gemm_load_a<T>(base, dd, rowblk, gemm_chunk_block<T>(0, 0, k), gemm_chunk_sub<T>(0, k), a.nb, c,
+                           ring[k]);
     } else {
-        gemm_load_a<T>(base, dd, rowblk, kpart, nchunks, c, ring[0]);
+        gemm_load_a<T>(base, dd, rowblk, gemm_chunk_block<T>(0, 0, kpart), gemm_chunk_sub<T>(0, kpart), a.nb, c,
+                       ring[0]);
     }
     __syncthreads();
-    gemm_load_b<T>(a, xoff, 0, nchunks, Bs[0]);
+    gemm_load_b<T>(a, xoff, 0, 0, Bs[0]);
     cp_async_commit();
 
-    for (int s = 0; s < nsteps; s++) {
+    // Steps a loop iteration: 2 for the formats that ask for the halves
+    // apart (`gemm_halves`; nsteps = 2 nb), else 1.
+    constexpr int SPI = gemm_halves<T>::v ? 2 : 1;
+    for (int s0 = 0; s0 < nsteps; s0 += SPI) {
+#pragma unroll
+      for (int i = 0; i < SPI; i++) {
+        const int s = s0 + i;
+        const int half = s & 1;  // a constant where SPI = 2
+        const int blk0 = gemm_step_block<T>(s);
+        const int buf = s & 1;
         // The next step's activations go in flight before this one's wait.
-        if (s + 1 < nsteps) gemm_load_b<T>(a, xoff, s + 1, nchunks, Bs[(s + 1) & 1]);
+        if (s + 1 < nsteps) gemm_load_b<T>(a, xoff, s + 1, half ^ 1, Bs[buf ^ 1]);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const uint4* bs = Bs[s & 1];
+        const uint4* bs = Bs[buf];
 #pragma unroll
         for (int jj = 0; jj < (KS == 1 ? 4 : 1); jj++) {
             const int j = KS == 1 ? jj : kpart;
-            const int ch = s * 4 + j;
-            if (ch >= nchunks) break;
-            // KS = 1: chunk ch's weights were loaded AHEAD chunks ago, into
-            // entry ch % RING = j % RING; chunk ch + AHEAD's go out now.
+            if (gemm_chunk_block<T>(half, blk0, j) >= a.nb) break;
+            // KS = 1: chunk j's weights were loaded AHEAD chunks ago, into
+            // entry j % RING (RING divides 4); chunk j + AHEAD's go out now.
             // KS = 4: entry 0 holds this step's chunk; the next step's goes
             // to entry 1 and moves down after the MMAs.
             if constexpr (KS == 1)
-                gemm_load_a<T>(base, dd, rowblk, ch + AHEAD, nchunks, c, ring[(j + AHEAD) % RING]);
+                gemm_load_a<T>(base, dd, rowblk, gemm_chunk_block<T>(half, blk0, j + AHEAD),
+                               gemm_chunk_sub<T>(half, j + AHEAD), a.nb, c, ring[(j + AHEAD) % RING]);
             else
-                gemm_load_a<T>(base, dd, rowblk, ch + 4, nchunks, c, ring[1]);
-            const int sub = ch % T::LPB;
+                gemm_load_a<T>(base, dd, rowblk, gemm_chunk_block<T>(half, blk0, j + 4),
+                               gemm_chunk_sub<T>(half, j + 4), a.nb, c, ring[1]);
+            const int sub = gemm_chunk_sub<T>(half, j);
             // This lane's B fragments (row nt*8 + g's run c) are read two
             // column groups ahead of their MMAs, the first two before the
             // decode (the buffer holds all 64 rows: the reads past the
@@ -346,6 +436,7 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
         }
         // Every warp is done with this buffer before step s + 2 fills it.
         __syncthreads();
+      }
     }
     if constexpr (KS == 4) {
         // Warps 1-3 leave their partial sums in the activation buffers
@@ -380,7 +471,8 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& a, GemmSmem<T>& sm) {
             for (int e = 0; e < 4; e++) {
                 const int row = wr + mi * 16 + g + (e >> 1) * 8;
                 const int p = p0 + nt * 8 + 2 * c + (e & 1);
-                if (row < a.rows && p < p1) a.y[(long long)p * a.ldy + row] = acc[mi][nt][e];
+                const float v = gemm_scaled<T>::v ? acc[mi][nt][e] * (1.0f / GEMM_SCALE) : acc[mi][nt][e];
+                if (row < a.rows && p < p1) a.y[(long long)p * a.ldy + row] = v;
             }
 }
 

@@ -71,20 +71,22 @@ struct Q4K {
         return {__ldg(reinterpret_cast<const uint4*>(blk)),
                 __ldg(reinterpret_cast<const uint2*>(blk + 16 + 32 * c + l0 + 8 * (r & 1)))};
     }
-    static __device__ __forceinline__ void dec8(const Raw& raw, int sub, int r, float* v) {
+    // As f16x2 words, GEMM_SCALE times the weights (gemm_common.cuh's
+    // `codes_h2`: q * f16(S d sc) + f16(-S dmin m), one rounding; d sc and
+    // dmin m are exact in f32).
+    static __device__ __forceinline__ void dec8h(const Raw& raw, int sub, int r, u32* h, const u64*) {
         const int c = sub >> 1, hi = r >> 1;
         const float d = h2f((u16)(raw.h.x & 0xffff)), dmin = h2f((u16)(raw.h.x >> 16));
         int sc, mn;
         scale_min_k4(2 * c + hi, raw.h.y, raw.h.z, raw.h.w, &sc, &mn);
-        const float a = d * (float)sc, b = dmin * (float)mn;
-#pragma unroll
-        for (int w = 0; w < 2; w++) {
-            const u32 word = w ? raw.q.y : raw.q.x;
-            const u32 nib = (hi ? word >> 4 : word) & 0x0f0f0f0fu;
-#pragma unroll
-            for (int k = 0; k < 4; k++) v[4 * w + k] = a * ubyte_f(nib, k) - b;
-        }
+        const float a = GEMM_SCALE * d * (float)sc, b = GEMM_SCALE * dmin * (float)mn;
+        const u32 q0 = (hi ? raw.q.x >> 4 : raw.q.x) & 0x0f0f0f0fu;
+        const u32 q1 = (hi ? raw.q.y >> 4 : raw.q.y) & 0x0f0f0f0fu;
+        codes_h2(q0, q1, 0x64006400u, pack_h2(a, a), pack_h2(-b, -b), h);
     }
+    static constexpr bool GEMM_SCALED = true;
+    // Steps in pairs (gemm_common.cuh): the scale bytes a constant.
+    static constexpr bool GEMM_HALVES = true;
     static __device__ __forceinline__ int col(int sub, int i) {
         return 64 * (sub >> 1) + (sub & 1) * 16 + (i < 16 ? i : 16 + i);
     }

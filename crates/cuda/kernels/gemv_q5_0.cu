@@ -57,20 +57,21 @@ struct Q50 {
         return {__ldg(reinterpret_cast<const uint2*>(blk + 8 * (r & 1))),
                 (u32)__ldg(side + 1) | ((u32)__ldg(side + 2) << 16), __ldg(side)};
     }
-    static __device__ __forceinline__ void dec8(const Raw& raw, int, int r, float* v) {
-        const float d = h2f(raw.d);
+    // As f16x2 words, GEMM_SCALE times the weights (gemm_common.cuh's
+    // `codes_h2`: (q - 16) * f16(S d)).
+    static __device__ __forceinline__ void dec8h(const Raw& raw, int, int r, u32* h, const u64*) {
+        const float d = GEMM_SCALE * h2f(raw.d);
         const int hi = r >> 1;
+        u32 q[2];
 #pragma unroll
         for (int ww = 0; ww < 2; ww++) {
             const int w = 2 * (r & 1) + ww;
             const u32 word = ww ? raw.q.y : raw.q.x;
-            const u32 nib =
-                ((hi ? word >> 4 : word) & 0x0f0f0f0fu) | bits_to_b4((raw.qh >> (16 * hi + 4 * w)) & 15u);
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                v[4 * ww + k] = d * (__int_as_float(__byte_perm(nib, 0x4B000000u, 0x7540u | (u32)k)) - 8388624.0f);
+            q[ww] = ((hi ? word >> 4 : word) & 0x0f0f0f0fu) | bits_to_b4((raw.qh >> (16 * hi + 4 * w)) & 15u);
         }
+        codes_h2(q[0], q[1], 0x64106410u, pack_h2(d, d), 0u, h);
     }
+    static constexpr bool GEMM_SCALED = true;
     static __device__ __forceinline__ int col(int, int i) { return i; }
 };
 

@@ -65,20 +65,24 @@ struct Q6K {
                 __ldg(reinterpret_cast<const uint2*>(blk + 128 + 32 * h + l0)),
                 __ldg(reinterpret_cast<const u32*>(blk + 192 + 8 * h + 4 * (si >> 2))), __ldg(dd)};
     }
-    static __device__ __forceinline__ void dec8(const Raw& r, int sub, int j, float* v) {
+    // As f16x2 words, GEMM_SCALE times the weights (gemm_common.cuh's
+    // `codes_h2`: (q - 32) * f16(S d scale); d scale is exact in f32).
+    static __device__ __forceinline__ void dec8h(const Raw& r, int sub, int j, u32* h, const u64*) {
         const int si = 2 * j + (((sub & 3) * 8) >> 4);
-        const float ds = h2f(r.d) * (float)(int)(signed char)((r.sw >> (8 * (si & 3))) & 0xff);
+        const float ds = GEMM_SCALE * h2f(r.d) * (float)(int)(signed char)((r.sw >> (8 * (si & 3))) & 0xff);
         const int shift = j < 2 ? 0 : 4;
+        u32 q[2];
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             const u32 lw = half ? r.lw.y : r.lw.x;
             const u32 hw = half ? r.qh.y : r.qh.x;
-            const u32 q = ((lw >> shift) & 0x0f0f0f0fu) | (((hw >> (2 * j)) & 0x03030303u) << 4);
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                v[4 * half + k] = ds * (__int_as_float(__byte_perm(q, 0x4B000000u, 0x7540u | (u32)k)) - 8388640.0f);
+            q[half] = ((lw >> shift) & 0x0f0f0f0fu) | (((hw >> (2 * j)) & 0x03030303u) << 4);
         }
+        codes_h2(q[0], q[1], 0x64206420u, pack_h2(ds, ds), 0u, h);
     }
+    static constexpr bool GEMM_SCALED = true;
+    // Steps in pairs (gemm_common.cuh): the scale bytes a constant.
+    static constexpr bool GEMM_HALVES = true;
     static __device__ __forceinline__ int col(int sub, int i) {
         return 128 * (sub >> 2) + 32 * (i >> 3) + (sub & 3) * 8 + (i & 7);
     }

@@ -33,11 +33,13 @@ struct Q80 {
                                                 int r) {
         return {__ldg(reinterpret_cast<const uint2*>(blk + 8 * r)), __ldg(dd)};
     }
-    static __device__ __forceinline__ void dec8(const Raw& r, int, int, float* v) {
-        const float d = h2f(r.d);
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = d * sbyte_f((i < 4 ? r.q.x : r.q.y) ^ 0x80808080u, i & 3);
+    // As f16x2 words, GEMM_SCALE times the weights (gemm_common.cuh's
+    // `codes_h2` on the codes plus 128: (q + 128 - 128) * f16(S d)).
+    static __device__ __forceinline__ void dec8h(const Raw& r, int, int, u32* h, const u64*) {
+        const float d = GEMM_SCALE * h2f(r.d);
+        codes_h2(r.q.x ^ 0x80808080u, r.q.y ^ 0x80808080u, 0x64806480u, pack_h2(d, d), 0u, h);
     }
+    static constexpr bool GEMM_SCALED = true;
     static __device__ __forceinline__ int col(int, int i) { return i; }
 };
 

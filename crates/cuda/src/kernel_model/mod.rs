@@ -7,8 +7,11 @@
 //! the kernels themselves. Also models of the block-parallel router top-k
 //! (`kernels/router.cu`, against a sort-based top-k) and of the device-built
 //! routed tile lists (`kernels/route_tiles.cu`, against the host's
-//! `route_tiles`). One file each: `gemv`, `router`, `route`.
+//! `route_tiles`), and of the prefill GEMM's f16 decode of the integer-coded
+//! formats (`codes_h2`). One file each: `gemv`, `router`, `route`,
+//! `gemm_codes`.
 
+mod gemm_codes;
 mod gemv;
 mod route;
 mod router;
