@@ -3,9 +3,8 @@
 // (GQA), so each K and V row is read once for all of them, over one slice
 // of the positions; attn_merge then combines the slices.
 //
-// Caches [ctx][n_kv][hd], f32 (attn_split_g*) or f16 (attn_split_kvf16_g*:
-// half the bytes, the cost that grows with depth; widened exactly to f32,
-// so the math after the load is the same); q [n_head][hd] (normed, rotated);
+// Caches [ctx][n_kv][hd], f32 (attn_split_g*; f16 caches take the
+// tensor-core kernels of attention_mma.cu, which write the same partials); q [n_head][hd] (normed, rotated);
 // n = *pos_p + 1 positions are visible. Slice s of nsplit covers
 // [s*c, min(n, (s+1)*c)), c = ceil(n / nsplit): the grid is fixed (a graph
 // replays it at every position) and the work per block grows with n.
@@ -25,6 +24,7 @@
 // gate[h*gate_stride + j]); q8, q8d (nullable): the output also as int8
 // activations for the output projection (common.cuh warp_q8).
 #include "common.cuh"
+#include "attn_args.cuh"
 
 #define ATT_WARPS 8
 
@@ -78,9 +78,8 @@ __device__ __forceinline__ void load_row(const float* __restrict__ p, float* v) 
     }
 }
 
-// One lane's DPL values of a K or V row as loaded: the raw words are kept
-// (f16: two halves a word) and widened only at use, so a row loaded one
-// step ahead stays in flight instead of stalling on the conversion.
+// One lane's DPL values of a K or V row as loaded (one row a step ahead
+// stays in flight). Only f32 rows here: f16 caches take attention_mma.cu.
 template <typename T, int DPL>
 struct KvRow;
 
@@ -93,37 +92,6 @@ struct KvRow<float, DPL> {
         for (int i = 0; i < DPL; i++) r[i] = 0.0f;
     }
     __device__ __forceinline__ float get(int d) const { return r[d]; }
-};
-
-// DPL consecutive halves: one 4-, 8- or 16-byte load (aligned: rows start
-// at multiples of 64 halves and lane l reads from l*DPL).
-template <int DPL>
-struct KvRow<u16, DPL> {
-    u32 r[DPL / 2];
-    __device__ __forceinline__ void zero() {
-#pragma unroll
-        for (int i = 0; i < DPL / 2; i++) r[i] = 0u;
-    }
-    __device__ __forceinline__ void load(const u16* __restrict__ p) {
-        if constexpr (DPL == 8) {
-            const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
-            r[0] = a.x;
-            r[1] = a.y;
-            r[2] = a.z;
-            r[3] = a.w;
-        } else if constexpr (DPL == 4) {
-            const uint2 a = __ldg(reinterpret_cast<const uint2*>(p));
-            r[0] = a.x;
-            r[1] = a.y;
-        } else {
-            r[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
-        }
-    }
-    // Half d (little-endian: the even one in the low 16 bits).
-    __device__ __forceinline__ float get(int d) const {
-        const u32 w = r[d / 2];
-        return h2f((u16)((d & 1) ? (w >> 16) : (w & 0xffffu)));
-    }
 };
 
 template <typename T, int GB, int DPL>
@@ -275,40 +243,16 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q,
     }
 }
 
-// MINB: blocks per SM for __launch_bounds__ (0: none). The f16 kernels ask
-// for 1, as the one-wave grid of default_nsplit needs: left to its
-// occupancy heuristic ptxas capped attn_split_kvf16_g4_d4 at 64 registers
-// and spilled. The f32 kernels keep their measured allocation.
-// The kernels' arguments, one struct passed by value (mirrored by
-// `AttnSplitArgs` in src/ops/attention.rs, #[repr(C)]: same field order and
-// types; the caches are float or u16 (f16 bits) by kernel). NVRTC applies
-// `__restrict__` only to kernel parameters, so the body reads q, pos and
-// the caches (load_row, the f16 loads) through __ldg.
-struct AttnSplitArgs {
-    const float* q;
-    const void* kc;
-    const void* vc;
-    const int* pos_p;
-    float* part_o;
-    float* part_ml;
-    int n_head, n_kv, nsplit;
-    float scale;
-};
-static_assert(sizeof(AttnSplitArgs) == 64, "AttnSplitArgs: layout differs from src/ops/attention.rs");
-
-#define ATTN_SPLIT_T(NAME, T, GB, DPL, MINB)                                                    \
-    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, MINB)                           \
-        NAME(__grid_constant__ const AttnSplitArgs a) {                                          \
+// The kernels' arguments: AttnSplitArgs (attn_args.cuh), shared with the
+// tensor-core f16 kernels of attention_mma.cu. attn_split_gGB_dDPL: f32
+// caches, GB query heads a block, head_dim 32 * DPL.
+#define ATTN_SPLIT(GB, DPL)                                                                      \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                \
+        attn_split_g##GB##_d##DPL(__grid_constant__ const AttnSplitArgs a) {                     \
         PDL_PROLOGUE();                                                                          \
-        attn_split_body<T, GB, DPL>(a.q, (const T*)a.kc, (const T*)a.vc, a.pos_p, a.part_o,      \
-                                    a.part_ml, a.n_head, a.n_kv, a.nsplit, a.scale);             \
+        attn_split_body<float, GB, DPL>(a.q, (const float*)a.kc, (const float*)a.vc, a.pos_p,    \
+                                        a.part_o, a.part_ml, a.n_head, a.n_kv, a.nsplit, a.scale); \
     }
-
-// Both cache types of one shape: attn_split_gGB_dDPL (f32 KV) and
-// attn_split_kvf16_gGB_dDPL (f16 KV).
-#define ATTN_SPLIT(GB, DPL)                                     \
-    ATTN_SPLIT_T(attn_split_g##GB##_d##DPL, float, GB, DPL, 0)  \
-    ATTN_SPLIT_T(attn_split_kvf16_g##GB##_d##DPL, u16, GB, DPL, 1)
 
 // Query heads per block 1, 2, 4, 8 (the largest power of two <= 8 dividing
 // the GQA group) x head_dim 64, 128, 256 (2, 4, 8 dims per lane).

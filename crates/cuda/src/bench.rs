@@ -187,11 +187,11 @@ pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
         n_rot: 64,
         gated: true,
     };
-    let nsplit = ops::default_nsplit(&a, gpu.sms);
     for (n, ty) in [4096usize, 16384, 65536, 131072, 262144]
         .into_iter()
         .flat_map(|n| [KvType::F32, KvType::F16].map(|t| (n, t)))
     {
+        let nsplit = ops::default_nsplit(&a, ty, gpu.sms);
         let kv_bytes = 2 * n * a.n_kv * a.hd * ty.bytes();
         let copies = (ROTATE_BYTES / kv_bytes).clamp(1, 12);
         let caches: Vec<KvCache> = (0..copies)
@@ -225,7 +225,7 @@ pub fn run_decode_ops(gpu: &Gpu) -> Result<Vec<BenchRow>> {
         out.push(BenchRow {
             kernel: format!(
                 "{} + attn_merge ({nsplit} slices)",
-                ty.kernel("attn_split", "_g8_d8")
+                ops::split_kernel(&a, ty)
             ),
             shape: format!("16q/2kv x 256, {} KV, n {n}", ty.name()),
             bytes: kv_bytes,

@@ -27,6 +27,7 @@ macro_rules! kernel_dir {
 /// The headers `#include "..."` may name.
 const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", kernel_dir!("common.cuh")),
+    ("attn_args.cuh", kernel_dir!("attn_args.cuh")),
     ("gemv_common.cuh", kernel_dir!("gemv_common.cuh")),
     ("gemm_common.cuh", kernel_dir!("gemm_common.cuh")),
     ("iq_tables.cuh", kernel_dir!("iq_tables.cuh")),
@@ -133,19 +134,16 @@ pub const FILES: &[KernelFile] = &[
             "attn_split_g2_d8",
             "attn_split_g4_d8",
             "attn_split_g8_d8",
-            "attn_split_kvf16_g1_d2",
-            "attn_split_kvf16_g2_d2",
-            "attn_split_kvf16_g4_d2",
-            "attn_split_kvf16_g8_d2",
-            "attn_split_kvf16_g1_d4",
-            "attn_split_kvf16_g2_d4",
-            "attn_split_kvf16_g4_d4",
-            "attn_split_kvf16_g8_d4",
-            "attn_split_kvf16_g1_d8",
-            "attn_split_kvf16_g2_d8",
-            "attn_split_kvf16_g4_d8",
-            "attn_split_kvf16_g8_d8",
             "attn_merge",
+        ],
+    },
+    KernelFile {
+        name: "attention_mma.cu",
+        source: kernel_dir!("attention_mma.cu"),
+        kernels: &[
+            "attn_split_mma_kvf16_d2",
+            "attn_split_mma_kvf16_d4",
+            "attn_split_mma_kvf16_d8",
         ],
     },
     KernelFile {

@@ -48,7 +48,7 @@ impl Builder<'_> {
         let (nh, nkv, hd) = (dims.n_head, dims.n_kv, dims.hd);
         let nsplit = self
             .nsplit
-            .unwrap_or_else(|| ops::default_nsplit(&dims, gpu.sms));
+            .unwrap_or_else(|| ops::default_nsplit(&dims, self.kv, gpu.sms));
         Ok(Op::Attn(Box::new(AttnOp {
             qkv: Proj::with_biases(
                 gpu,

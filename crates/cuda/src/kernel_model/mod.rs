@@ -11,6 +11,7 @@
 //! formats (`codes_h2`). One file each: `gemv`, `router`, `route`,
 //! `gemm_codes`.
 
+mod attention_mma;
 mod gemm_codes;
 mod gemv;
 mod route;

@@ -29,6 +29,27 @@ impl AttnDims {
             .unwrap_or(1)
     }
 
+    /// Query heads per block of the tensor-core f16 kernel
+    /// (`attn_split_mma_kvf16_d*`): the largest divisor of the GQA group
+    /// that is at most 8 (`mma_heads_per_block` in attention_mma.cu).
+    pub fn mma_heads_per_block(&self) -> usize {
+        let g = self.n_head / self.n_kv;
+        (1..=g.min(8))
+            .rev()
+            .find(|b| g.is_multiple_of(*b))
+            .unwrap_or(1)
+    }
+
+    /// Blocks a KV head takes in one slice of the decode attention over a
+    /// `ty` cache.
+    pub fn blocks_per_kv_head(&self, ty: KvType) -> usize {
+        let g = self.n_head / self.n_kv;
+        match ty {
+            KvType::F32 => g / self.heads_per_block(),
+            KvType::F16 => g / self.mma_heads_per_block(),
+        }
+    }
+
     pub fn check(&self) -> Result<()> {
         ensure!(
             self.n_kv >= 1 && self.n_head.is_multiple_of(self.n_kv),
@@ -217,11 +238,33 @@ impl AttnScratch {
 }
 
 /// Slices for a device with `sms` multiprocessors: one wave of blocks (one
-/// block per SM over the KV heads and head groups: the 8-head kernel holds
-/// ~200 registers a thread, one 256-thread block per SM).
-pub fn default_nsplit(a: &AttnDims, sms: usize) -> usize {
-    let groups = a.n_kv * (a.n_head / a.n_kv / a.heads_per_block());
+/// block per SM over the KV heads and head groups: the f32 8-head kernel
+/// holds ~200 registers a thread, one 256-thread block per SM; the f16
+/// tensor-core kernel takes ~150 KB of shared memory at head_dim 256).
+pub fn default_nsplit(a: &AttnDims, ty: KvType, sms: usize) -> usize {
+    let groups = a.n_kv * a.blocks_per_kv_head(ty);
     sms.div_ceil(groups).clamp(1, 256)
+}
+
+/// The split kernel `attention` launches for a `ty` cache: f32,
+/// `attn_split_gGB_dDPL` (f32 math, GB query heads a block); f16,
+/// `attn_split_mma_kvf16_dDPL` (tensor cores, kernels/attention_mma.cu).
+pub fn split_kernel(a: &AttnDims, ty: KvType) -> String {
+    match ty {
+        KvType::F32 => format!("attn_split_g{}_d{}", a.heads_per_block(), a.hd / 32),
+        KvType::F16 => format!("attn_split_mma_kvf16_d{}", a.hd / 32),
+    }
+}
+
+/// Warps a block and shared stages a warp of the f16 tensor-core kernel
+/// (`MMA_WARPS`, `MMA_STAGES` in attention_mma.cu).
+const MMA_WARPS: usize = 4;
+const MMA_STAGES: usize = 4;
+
+/// Dynamic shared memory of `attn_split_mma_kvf16_d*`: per warp and stage
+/// 8 K rows of hd + 32 halves and 8 V rows of hd + 8 (`MmaRows`).
+pub fn mma_smem_bytes(hd: usize) -> usize {
+    MMA_WARPS * MMA_STAGES * 8 * ((hd + 32) + (hd + 8)) * 2
 }
 
 /// The argument struct of the `attn_split_*` kernels (`AttnSplitArgs` in
@@ -292,12 +335,10 @@ pub fn attention(
     ensure!(kv.len().is_multiple_of(nkv * hd));
     let (kcp, vcp) = kv.ptrs(gpu);
     ensure!(scratch.part_o.len() >= nh * scratch.nsplit * hd);
-    let gb = a.heads_per_block();
-    let name = kv
-        .ty()
-        .kernel("attn_split", &format!("_g{gb}_d{}", hd / 32));
+    let ty = kv.ty();
+    let name = split_kernel(a, ty);
     let ns = scratch.nsplit;
-    let grid = ((nkv * (nh / nkv / gb)) as u32, ns as u32);
+    let grid = ((nkv * a.blocks_per_kv_head(ty)) as u32, ns as u32);
     let args = AttnSplitArgs {
         q: dptr(gpu, Some(q)),
         kc: kcp,
@@ -310,12 +351,33 @@ pub fn attention(
         nsplit: ns as i32,
         scale,
     };
-    // SAFETY: attn_split[_kvf16]_gGB_dDPL(AttnSplitArgs) by value (the
-    // struct mirrors the kernel's), the variant of the caches' element
-    // type (KvCache keeps K and V of one type), with hd = 32*DPL and GB
-    // dividing the group (heads_per_block); the scratch holds n_head *
-    // nsplit slices; the caller keeps *pos < the caches' positions.
-    unsafe { gpu.launch(&name, cfg(grid, 256), &[&args]) }?;
+    match ty {
+        // SAFETY: attn_split_gGB_dDPL(AttnSplitArgs) by value (the struct
+        // mirrors the kernel's) over f32 caches, with hd = 32*DPL and GB
+        // dividing the group (heads_per_block, the grid's x); the scratch
+        // holds n_head * nsplit slices; the caller keeps *pos < the
+        // caches' positions.
+        KvType::F32 => unsafe { gpu.launch(&name, cfg(grid, 256), &[&args]) }?,
+        KvType::F16 => {
+            let smem = mma_smem_bytes(hd);
+            gpu.func(&name)?.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+            let launch = cudarc::driver::LaunchConfig {
+                grid_dim: (grid.0, grid.1, 1),
+                block_dim: ((MMA_WARPS * 32) as u32, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            // SAFETY: attn_split_mma_kvf16_dDPL(AttnSplitArgs) by value
+            // over f16 caches, hd = 32*DPL; the grid's x is n_kv times the
+            // groups of mma_heads_per_block heads (the kernel derives the
+            // same from n_head / n_kv); MMA_WARPS warps and the dynamic
+            // shared memory the kernel lays out (mma_smem_bytes, allowed by
+            // the attribute above); scratch and positions as for f32.
+            unsafe { gpu.launch(&name, launch, &[&args]) }?
+        }
+    }
     let gp = match gate {
         Some(g) => at_ptr(gpu, g, 2 * nh * hd)? + 4 * hd as u64,
         None => 0,
@@ -404,12 +466,45 @@ mod tests {
     }
 
     #[test]
+    fn tensor_core_blocks_take_the_largest_group_divisor_up_to_8() {
+        // (query heads, KV heads) -> heads a block: Qwen3-Next's 16/2,
+        // Qwen2.5-0.5B's 14/2, a group of 6, no grouping, a prime group.
+        for (nh, nkv, hb, blocks) in [
+            (16, 2, 8, 1),
+            (14, 2, 7, 1),
+            (12, 2, 6, 1),
+            (8, 8, 1, 1),
+            (22, 2, 1, 11),
+        ] {
+            let a = AttnDims {
+                n_head: nh,
+                n_kv: nkv,
+                hd: 128,
+                n_rot: 128,
+                gated: false,
+            };
+            assert_eq!(a.mma_heads_per_block(), hb, "{nh}/{nkv}");
+            assert_eq!(a.blocks_per_kv_head(KvType::F16), blocks, "{nh}/{nkv}");
+        }
+        // One wave on 132 SMs: Qwen3-Next's two KV heads take 66 slices.
+        let q3n = AttnDims {
+            n_head: 16,
+            n_kv: 2,
+            hd: 256,
+            n_rot: 64,
+            gated: true,
+        };
+        assert_eq!(default_nsplit(&q3n, KvType::F16, 132), 66);
+        assert!(mma_smem_bytes(256) <= 227 * 1024 - 8 * 256 * 4 - 2 * 4 * 8 * 4);
+    }
+
+    #[test]
     fn kv_type_sizes_and_kernel_names() {
         assert_eq!((KvType::F32.bytes(), KvType::F16.bytes()), (4, 2));
         assert_eq!(KvType::F32.kernel("attn_prep", ""), "attn_prep");
         assert_eq!(
-            KvType::F16.kernel("attn_split", "_g8_d8"),
-            "attn_split_kvf16_g8_d8"
+            KvType::F16.kernel("attn_prep_chunk", ""),
+            "attn_prep_chunk_kvf16"
         );
         let all: Vec<&str> = crate::kernels::FILES
             .iter()
@@ -417,9 +512,18 @@ mod tests {
             .collect();
         for ty in [KvType::F32, KvType::F16] {
             assert!(all.contains(&ty.kernel("attn_prep", "").as_str()));
-            for gb in [1, 2, 4, 8] {
-                for d in [2, 4, 8] {
-                    let k = ty.kernel("attn_split", &format!("_g{gb}_d{d}"));
+            // Every head layout and head_dim the checks admit launches a
+            // kernel the engine compiles.
+            for (nh, nkv) in [(16, 2), (14, 2), (12, 2), (8, 8), (4, 2), (22, 2)] {
+                for hd in [64, 128, 256] {
+                    let a = AttnDims {
+                        n_head: nh,
+                        n_kv: nkv,
+                        hd,
+                        n_rot: hd,
+                        gated: false,
+                    };
+                    let k = split_kernel(&a, ty);
                     assert!(all.contains(&k.as_str()), "{k}");
                 }
             }

@@ -3,6 +3,7 @@
 //! head layouts and the long rows (64K to 256K positions, a planted
 //! peak so the softmax is not flat).
 
+use super::chunk::F16_GEMM_TOL;
 use super::ops::{check_q8, down, nan, up};
 use crate::device::Gpu;
 use crate::error::Result;
@@ -43,6 +44,14 @@ pub(super) fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec
             n_rot: 32,
             gated: false,
         },
+        // Qwen2.5-0.5B's: a group of 7 (the f16 kernel's blocks take all 7).
+        AttnDims {
+            n_head: 14,
+            n_kv: 2,
+            hd: 64,
+            n_rot: 64,
+            gated: false,
+        },
     ];
     // Every shape with both cache types; for f16 the reference takes K and V
     // rounded as the cache stores them (the kernel widens them exactly), so
@@ -65,8 +74,9 @@ pub(super) fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec
             ty.name(),
             lens.last().unwrap()
         ));
+        gate_f16(&mut w, ty);
         for &n in lens {
-            for nsplit in [ops::default_nsplit(&a, gpu.sms), 1, 37] {
+            for nsplit in [ops::default_nsplit(&a, ty, gpu.sms), 1, 37] {
                 attention_case(gpu, rng, &a, ty, n, nsplit, false, &mut w, q8w)?;
                 if n > 4097 {
                     break; // one split count at the longest length (the f64 reference is slow)
@@ -88,7 +98,8 @@ pub(super) fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec
                 attn_kernel(&qwen, ty),
                 ty.name()
             ));
-            let nsplit = ops::default_nsplit(&qwen, gpu.sms);
+            gate_f16(&mut w, ty);
+            let nsplit = ops::default_nsplit(&qwen, ty, gpu.sms);
             attention_case(gpu, rng, &qwen, ty, n, nsplit, true, &mut w, q8w)?;
             rows.push(w);
         }
@@ -100,11 +111,17 @@ pub(super) fn attention(gpu: &Gpu, rng: &mut Rng, q8w: &mut Worst) -> Result<Vec
 /// trained 262,144).
 pub const LONG_ATTENTION_LENS: [usize; 3] = [65536, 131072, 262144];
 
+/// The f16 caches' kernel rounds Q and P to f16 for its tensor cores
+/// (llama.cpp's tensor-core attention does the same): the prefill flash
+/// kernel's gate, not the f32-math REL_TOL.
+fn gate_f16(w: &mut Worst, ty: KvType) {
+    if ty == KvType::F16 {
+        w.tol = F16_GEMM_TOL;
+    }
+}
+
 fn attn_kernel(a: &AttnDims, ty: KvType) -> String {
-    ty.kernel(
-        "attn_split",
-        &format!("_g{}_d{}", a.heads_per_block(), a.hd / 32),
-    )
+    ops::split_kernel(a, ty)
 }
 
 /// One decode attention over `n` random cached rows (with `peaks`, a few
