@@ -264,8 +264,9 @@ fn heads_avx2(
                 for (j, am) in acc_mem.chunks_exact_mut(8).enumerate() {
                     let w = &scores[j * npad..];
                     let mut acc: [__m256; 8] = core::array::from_fn(|i| am[i]);
-                    for p in s0..s1 {
-                        let wv = _mm256_set1_ps(w[p] * inv[j]);
+                    for (i, &wp) in w[s0..s1].iter().enumerate() {
+                        let p = s0 + i;
+                        let wv = _mm256_set1_ps(wp * inv[j]);
                         for (jj, a) in acc.iter_mut().enumerate() {
                             // SAFETY: value row `p < n_pos` holds `hd` values
                             // at `p * stride`, and `c + 8jj + 8 <= hd`.
