@@ -99,6 +99,19 @@ impl Gpu {
                 funcs.insert(k, module.load_function(k).with_context(|| k.to_string())?);
             }
         }
+        // The f16 tensor-core decode attention takes more dynamic shared
+        // memory than the default 48 KB: allowed once here, where no graph
+        // capture is running (the decoder captures its launches).
+        for d in [2usize, 4, 8] {
+            let name = format!("attn_split_mma_kvf16_d{d}");
+            if let Some(f) = funcs.get(name.as_str()) {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    crate::ops::mma_smem_bytes(32 * d) as i32,
+                )
+                .with_context(|| format!("{name}: shared memory"))?;
+            }
+        }
         Ok(Self {
             launches: Default::default(),
             suppressed: Default::default(),

@@ -360,10 +360,6 @@ pub fn attention(
         KvType::F32 => unsafe { gpu.launch(&name, cfg(grid, 256), &[&args]) }?,
         KvType::F16 => {
             let smem = mma_smem_bytes(hd);
-            gpu.func(&name)?.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )?;
             let launch = cudarc::driver::LaunchConfig {
                 grid_dim: (grid.0, grid.1, 1),
                 block_dim: ((MMA_WARPS * 32) as u32, 1, 1),
@@ -373,8 +369,9 @@ pub fn attention(
             // over f16 caches, hd = 32*DPL; the grid's x is n_kv times the
             // groups of mma_heads_per_block heads (the kernel derives the
             // same from n_head / n_kv); MMA_WARPS warps and the dynamic
-            // shared memory the kernel lays out (mma_smem_bytes, allowed by
-            // the attribute above); scratch and positions as for f32.
+            // shared memory the kernel lays out (mma_smem_bytes, allowed
+            // when the kernels were loaded: Gpu::new); scratch and
+            // positions as for f32.
             unsafe { gpu.launch(&name, launch, &[&args]) }?
         }
     }

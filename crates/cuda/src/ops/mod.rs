@@ -23,8 +23,8 @@ mod route;
 mod router;
 
 pub use attention::{
-    attention, default_nsplit, f16_round, split_kernel, AttnDims, AttnMergeArgs, AttnScratch,
-    AttnSplitArgs, KvCache, KvType,
+    attention, default_nsplit, f16_round, mma_smem_bytes, split_kernel, AttnDims, AttnMergeArgs,
+    AttnScratch, AttnSplitArgs, KvCache, KvType,
 };
 pub use attn_chunk::{
     attn_chunk, flash_part_floats, flash_smem_bytes, flash_splits, AttnChunkArgs, AttnKernel,
