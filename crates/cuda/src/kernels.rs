@@ -384,8 +384,14 @@ mod tests {
                     .and_then(|r| r.strip_prefix('g'))
                     .and_then(|r| r.split_once("_d"))
                     .is_some_and(|(g, d)| src.contains(&format!("ATTN_SPLIT({g}, {d})")));
+                let attn_mma = k
+                    .strip_prefix("attn_split_mma_kvf16_d")
+                    .is_some_and(|d| src.contains(&format!("ATTN_SPLIT_MMA({d})")));
                 assert!(
-                    src.contains(&format!("GEMV_KERNELS({prefix},")) || src.contains(k) || attn,
+                    src.contains(&format!("GEMV_KERNELS({prefix},"))
+                        || src.contains(k)
+                        || attn
+                        || attn_mma,
                     "{k}"
                 );
             }
