@@ -105,7 +105,8 @@ impl KvType {
     }
 
     /// `kernel` for this cache type: the f16 kernels carry `_kvf16` after
-    /// the family (`attn_prep_kvf16`, `attn_split_kvf16_g8_d8`).
+    /// the family (`attn_prep_kvf16`, `attn_flash_kvf16_d256`; the split decode
+    /// attention is named by `split_kernel`).
     pub fn kernel(self, family: &str, rest: &str) -> String {
         match self {
             KvType::F32 => format!("{family}{rest}"),
